@@ -1,0 +1,92 @@
+"""The ``tmpi`` CLI, run for real in a subprocess: help, info, and one-line errors with exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+MODEL_YAML = str(Path(__file__).parent / "model_mlp.yaml")
+
+
+def test_top_level_help_lists_commands(cli) -> None:
+    out = cli("--help")
+    assert out.returncode == 0
+    for name in ("prep", "train", "eval", "info", "plot", "bench"):
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "info", "plot", "bench", "prep"])
+def test_every_command_has_help(cli, command: str) -> None:
+    out = cli(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "Usage" in out.stdout
+
+
+def test_train_help_lists_the_flags(cli) -> None:
+    text = cli("train", "--help", env={"COLUMNS": "200"}).stdout
+    for flag in (
+        "--np",
+        "--config",
+        "--model",
+        "--rule",
+        "--strategy",
+        "--sync-type",
+        "--data",
+        "--run-dir",
+        "--epochs",
+        "--batch-size",
+        "--lr",
+        "--resume",
+        "--set",
+    ):
+        assert flag in text
+
+
+def test_info_prints_mpi_pytensor_blas(cli) -> None:
+    out = cli("info")
+    assert out.returncode == 0, out.stderr
+    assert "Open MPI" in out.stdout and "pytensor" in out.stdout
+    assert "libscipy_openblas" in out.stdout, "PyTensor must link a real BLAS"
+    assert "blas" not in out.stderr.lower(), f"BLAS warning: {out.stderr}"
+
+
+def one_line_error(out) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tmpi: error: "), out.stderr
+    return lines[0]
+
+
+def test_bad_config_key_is_one_line(cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("weight_exchange:\n  exch_strategy: ar\n  avg_frq: 3\n")
+    line = one_line_error(cli("train", "--config", str(bad), "--model", MODEL_YAML))
+    assert "avg_frq" in line and "avg_freq" in line
+
+
+def test_bad_batch_size_flag(cli) -> None:
+    line = one_line_error(cli("train", "--model", MODEL_YAML, "--batch-size", "48"))
+    assert "does not divide" in line
+
+
+def test_bad_set_value(cli) -> None:
+    line = one_line_error(cli("train", "--model", MODEL_YAML, "--set", "model.n_epochs=ten"))
+    assert "n_epochs must be int" in line
+
+
+def test_non_power_of_two_fails_before_mpirun(cli) -> None:
+    line = one_line_error(cli("train", "-n", "3", "--strategy", "copper", "--model", MODEL_YAML))
+    assert "power-of-2" in line and "N=3" in line
+
+
+def test_unknown_strategy(cli) -> None:
+    line = one_line_error(cli("train", "--model", MODEL_YAML, "--strategy", "nccl"))
+    assert "'nccl'" in line
+
+
+@pytest.mark.mpi
+def test_info_under_mpirun_prints_once(mpirun) -> None:
+    out = mpirun(2, ["-m", "theanompi.cli", "info"], timeout=120)
+    assert out.stdout.count("mpi4py") == 1, "only rank 0 prints"
+    assert any(line.split() == ["mpi", "ranks", "2"] for line in out.stdout.splitlines())

@@ -1,0 +1,333 @@
+"""The ``tmpi`` command line: prep, train, eval, plot, info and bench, each with ``--help``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from theanompi.comm import under_mpirun
+from theanompi.errors import ConfigError, UserError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="Data-parallel training of PyTensor models over MPI (BSP and EASGD).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(
+    help="Benchmarks that print side-by-side ratios (medians).", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+
+try:  # the prep stage is its own package; mount its commands as `tmpi prep ...`
+    from prep.cli import app as prep_app
+
+    app.add_typer(prep_app, name="prep")
+except ModuleNotFoundError as _err:  # pragma: no cover - only while prep is absent
+    if _err.name not in ("prep", "prep.cli"):
+        raise
+
+NProcs = Annotated[
+    int | None,
+    typer.Option("-n", "--np", help="Launch this many MPI ranks with mpirun (omit under mpirun)."),
+]
+ConfigPath = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Run config YAML [default: configs/config.yaml]."),
+]
+ModelName = Annotated[
+    str | None, typer.Option("--model", "-m", help="Model config: configs/<MODEL>.yaml or a path.")
+]
+DataDir = Annotated[
+    Path | None, typer.Option("--data", help="Prep output folder (overrides data.dir).")
+]
+RunDir = Annotated[
+    Path | None, typer.Option("--run-dir", help="Run folder for checkpoints and records.")
+]
+SetKeys = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override any key: --set section.key=value (repeatable)."),
+]
+
+
+def _relaunch_if_asked(n: int | None) -> None:
+    """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code."""
+    if n is None or under_mpirun():
+        return
+    from theanompi.launch import relaunch
+
+    argv = sys.argv[1:]
+    raise typer.Exit(relaunch(n, argv))
+
+
+def _start(n_expected: int | None) -> None:
+    """Common start-up of an MPI command: PyTensor set-up, abort hook, rank-count check."""
+    from theanompi.comm import install_abort_hook, world
+    from theanompi.pytensor_env import configure
+
+    configure()
+    install_abort_hook()
+    launched = os.environ.get("THEANOMPI_LAUNCHED")
+    size = world().Get_size()
+    if n_expected is not None and launched is None and size != n_expected:
+        raise ConfigError(
+            f"-n {n_expected} given but mpirun started {size} ranks; drop -n under mpirun"
+        )
+
+
+def _overrides(sets: list[str] | None, **flags: Any) -> dict[str, Any]:
+    from theanompi.config import parse_override
+
+    over = dict(flags)
+    for text in sets or []:
+        key, value = parse_override(text)
+        over[key] = value
+    return over
+
+
+@app.command()
+def train(
+    n: NProcs = None,
+    config: ConfigPath = None,
+    model: ModelName = None,
+    rule: Annotated[str | None, typer.Option("--rule", help="BSP or EASGD.")] = None,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", help="BSP exchange: ar, asa32, asa16, copper.")
+    ] = None,
+    sync_type: Annotated[
+        str | None, typer.Option("--sync-type", help="BSP: avg (params) or cdd (gradients).")
+    ] = None,
+    data: DataDir = None,
+    run_dir: RunDir = None,
+    epochs: Annotated[
+        int | None, typer.Option("--epochs", help="Number of epochs (model.n_epochs).")
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help="Per-worker sub-batch; must divide the file batch B."),
+    ] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="Initial learning rate.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Random seed.")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", help="Cap steps per epoch (0: all).")
+    ] = None,
+    avg_freq: Annotated[
+        int | None, typer.Option("--avg-freq", help="EASGD: elastic exchange every K steps.")
+    ] = None,
+    deterministic: Annotated[
+        bool, typer.Option("--deterministic", help="No shuffle, crop or mirror randomness.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in the run dir.")
+    ] = False,
+    sets: SetKeys = None,
+) -> None:
+    """Train a model with BSP or EASGD. With EASGD, rank 0 is the server: -n counts workers + 1."""
+    from theanompi.config import check_world_size, load_config
+
+    over = _overrides(
+        sets,
+        **{
+            "weight_exchange.sync_rule": rule,
+            "weight_exchange.exch_strategy": strategy,
+            "weight_exchange.sync_type": sync_type,
+            "weight_exchange.avg_freq": avg_freq,
+            "data.dir": str(data) if data else None,
+            "output.run_dir": str(run_dir) if run_dir else None,
+            "model.n_epochs": epochs,
+            "model.batch_size": batch_size,
+            "model.learning_rate": lr,
+            "randomness.seed": seed,
+            "randomness.deterministic": True if deterministic else None,
+            "training.max_steps": max_steps,
+        },
+    )
+    cfg = load_config(config, model, over)  # validate before starting any MPI job
+    easgd = cfg.weight_exchange.sync_rule == "EASGD"
+    if n is not None and not under_mpirun():
+        if easgd and n < 2:
+            raise ConfigError(
+                f"EASGD needs a server and at least one worker: use -n 2 or more, got -n {n}"
+            )
+        check_world_size(cfg, n - 1 if easgd else n)
+    _relaunch_if_asked(n)
+    _start(n)
+    from theanompi.comm import world
+
+    size = world().Get_size()
+    if easgd and size < 2:
+        raise ConfigError("EASGD needs a server and at least one worker: run with -n 2 or more")
+    n_workers = size - 1 if easgd else size
+    check_world_size(cfg, n_workers)
+    from theanompi.train import run
+
+    run(cfg, resume=resume)
+
+
+@app.command("eval")
+def evaluate(
+    n: NProcs = None,
+    config: ConfigPath = None,
+    model: ModelName = None,
+    data: DataDir = None,
+    run_dir: RunDir = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="Checkpoint file [default: latest in the run dir]."),
+    ] = None,
+    per_class: Annotated[
+        bool, typer.Option("--per-class", help="Add per-class accuracy with synset names.")
+    ] = False,
+    save_predictions: Annotated[
+        bool, typer.Option("--save-predictions", help="Write top-5 class indices per image.")
+    ] = False,
+    sets: SetKeys = None,
+) -> None:
+    """Validate a checkpoint: top-1 and top-5 error, loss, images/s (identical for any -n)."""
+    from theanompi.config import load_config
+
+    over = _overrides(
+        sets,
+        **{
+            "data.dir": str(data) if data else None,
+            "output.run_dir": str(run_dir) if run_dir else None,
+        },
+    )
+    cfg = load_config(config, model, over)  # validate before starting any MPI job
+    _relaunch_if_asked(n)
+    _start(n)
+    from theanompi.eval import run
+
+    run(cfg, checkpoint=checkpoint, per_class=per_class, save_predictions=save_predictions)
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder (holds record/).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="PNG path [default: <run_dir>/record/curves.png].")
+    ] = None,
+) -> None:
+    """Plot train/val loss and error curves of a run's record as a PNG."""
+    from theanompi.plot import plot_run
+
+    path = plot_run(run_dir, out)
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def info() -> None:
+    """Print versions of MPI, mpi4py, PyTensor, numpy, the BLAS PyTensor links, and the device."""
+    from theanompi.pytensor_env import blas_info, configure
+
+    configure()
+    import mpi4py
+    import numpy
+    import pytensor
+    from mpi4py import MPI
+
+    import theanompi
+
+    rows = [
+        ("theanompi", theanompi.__version__),
+        ("python", sys.version.split()[0]),
+        ("mpi", MPI.Get_library_version().splitlines()[0].strip()),
+        ("mpi4py", mpi4py.__version__),
+        ("mpi ranks", str(MPI.COMM_WORLD.Get_size())),
+        ("numpy", numpy.__version__),
+        ("pytensor", pytensor.__version__),
+        ("pytensor linker", f"{pytensor.config.linker} ({pytensor.config.mode})"),
+        ("pytensor floatX", pytensor.config.floatX),
+        ("pytensor compiledir", pytensor.config.compiledir),
+    ]
+    blas = blas_info()
+    rows += [
+        ("blas library", blas["library"]),
+        ("blas threads", blas["threads"]),
+        ("blas ldflags", blas["ldflags"] or "(none)"),
+    ]
+    rows.append(("device", _device()))
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            typer.echo(f"{key:<{width}}  {value}")
+
+
+def _device() -> str:
+    import platform
+
+    cpu = f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+    try:
+        import pycuda.driver as cuda  # type: ignore[import-not-found]
+
+        cuda.init()
+        if cuda.Device.count():
+            return f"{cpu}; gpu: {cuda.Device(0).name()}"
+    except Exception:  # noqa: BLE001 - pycuda absent or no GPU: CPU only
+        pass
+    return cpu
+
+
+def _bench(module: str, args: list[str] | None) -> None:
+    import importlib
+
+    main_fn = importlib.import_module(module).main
+    raise typer.Exit(main_fn(list(args or [])))
+
+
+_BENCH_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@bench_app.command("prep", context_settings=_BENCH_CTX)
+def bench_prep(ctx: typer.Context) -> None:
+    """Images/s of prep: naive PIL baseline vs ours at 1 and 2 ranks."""
+    _bench("prep.bench", ctx.args)
+
+
+@bench_app.command("exchange", context_settings=_BENCH_CTX)
+def bench_exchange(ctx: typer.Context) -> None:
+    """Seconds and bus bandwidth per exchange: ar, asa32, asa16, copper, per-array ar, gloo."""
+    _bench("theanompi.bench.exchange", ctx.args)
+
+
+@bench_app.command("model", context_settings=_BENCH_CTX)
+def bench_model(ctx: typer.Context) -> None:
+    """Train-step images/s of our models vs PyTorch CPU, GEMM floor, compile times."""
+    _bench("theanompi.bench.model", ctx.args)
+
+
+@bench_app.command("train", context_settings=_BENCH_CTX)
+def bench_train(ctx: typer.Context) -> None:
+    """Training images/s at N=1 and N=2 with the compute/exchange/wait split."""
+    _bench("theanompi.bench.train", ctx.args)
+
+
+def _rank() -> int:
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_rank()
+    return 0
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and a meaningful exit code."""
+    try:
+        app()
+    except UserError as err:
+        r = _rank()
+        if r == 0:
+            print(f"tmpi: error: {err}", file=sys.stderr, flush=True)
+        elif not isinstance(err, ConfigError):
+            print(f"tmpi: error on rank {r}: {err}", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

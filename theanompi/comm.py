@@ -1,0 +1,111 @@
+"""MPI helpers: rank-0 logging, abort-on-exception, and the local rank before MPI starts."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+__all__ = [
+    "world",
+    "rank",
+    "size",
+    "is_root",
+    "log",
+    "local_rank_from_env",
+    "under_mpirun",
+    "install_abort_hook",
+    "is_power_of_two",
+]
+
+
+def under_mpirun() -> bool:
+    """True when this process was started by mpirun/mpiexec (Open MPI or MPICH/Hydra)."""
+    return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def local_rank_from_env() -> int:
+    """Rank on this node, readable before ``MPI.Init`` (used for per-rank caches)."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def local_size_from_env() -> int:
+    """Ranks on this node, readable before ``MPI.Init`` (used to split BLAS threads)."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
+def world() -> Any:
+    """``MPI.COMM_WORLD`` (imported lazily so that ``tmpi --help`` does not start MPI)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def rank() -> int:
+    return world().Get_rank()
+
+
+def size() -> int:
+    return world().Get_size()
+
+
+def is_root() -> bool:
+    return rank() == 0
+
+
+def log(*args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
+    """Print from rank 0 only (or every rank, prefixed, with ``all_ranks=True``); flushes."""
+    r = rank() if ("mpi4py.MPI" in sys.modules or under_mpirun()) else 0
+    if all_ranks:
+        print(f"[rank {r}]", *args, **kwargs, flush=True)
+    elif r == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def install_abort_hook() -> None:
+    """Make an uncaught exception on any rank (or thread) stop the whole job.
+
+    Without this, one rank dies while the others wait forever in a collective.
+    The hook prints one line naming the rank and the cause, then calls
+    ``MPI.COMM_WORLD.Abort``, which mpirun turns into a prompt job-wide exit.
+    """
+    from theanompi.errors import EXIT_FAILURE, UserError
+
+    def abort(exc_type: type, exc: BaseException, tb: Any) -> None:
+        comm = world()
+        code = exc.exit_code if isinstance(exc, UserError) else EXIT_FAILURE
+        if isinstance(exc, KeyboardInterrupt):
+            code = 130
+        if not isinstance(exc, (UserError, KeyboardInterrupt)):
+            sys.__excepthook__(exc_type, exc, tb)
+        msg = str(exc) if isinstance(exc, UserError) else _one_line(exc)
+        print(
+            f"tmpi: error on rank {comm.Get_rank()}/{comm.Get_size()}: {msg}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if comm.Get_size() > 1:
+            comm.Abort(code)
+        os._exit(code)
+
+    def thread_abort(args: threading.ExceptHookArgs) -> None:
+        abort(args.exc_type, args.exc_value, args.exc_traceback)  # type: ignore[arg-type]
+
+    sys.excepthook = abort
+    threading.excepthook = thread_abort
