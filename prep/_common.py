@@ -1,0 +1,191 @@
+"""Private helpers shared by the prep stages: MPI plumbing, collective errors, progress, hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from theanompi.errors import DataError, UserError
+
+__all__ = [
+    "Comm",
+    "get_comm",
+    "wtime",
+    "collective",
+    "raise_collective",
+    "Progress",
+    "batch_digest",
+    "combined_checksum",
+    "read_json",
+    "misc_dir",
+    "require",
+]
+
+T = TypeVar("T")
+Comm = Any  # an mpi4py communicator (typed loosely so that importing prep does not start MPI)
+
+
+class _Serial:
+    """A one-rank stand-in for an MPI communicator (used when mpi4py cannot start)."""
+
+    def Get_rank(self) -> int:  # noqa: N802 - mirrors mpi4py
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 1
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any]:
+        return [obj]
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def allreduce(self, obj: Any, op: Any = None) -> Any:
+        return obj
+
+    def Barrier(self) -> None:  # noqa: N802
+        pass
+
+
+def get_comm(comm: Comm | None = None) -> Comm:
+    """``comm`` itself, else ``MPI.COMM_WORLD``; outside mpirun a one-rank stand-in.
+
+    The stand-in spares a single process MPI's start-up (a second or more) when mpi4py
+    has not been started already.
+    """
+    if comm is not None:
+        return comm
+    from theanompi.comm import under_mpirun, world
+
+    if not under_mpirun() and "mpi4py.MPI" not in sys.modules:
+        return _Serial()
+    return world()
+
+
+def wtime() -> float:
+    """``MPI.Wtime()`` once MPI is running, else ``time.perf_counter()``."""
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        return MPI.Wtime()
+    return time.perf_counter()
+
+
+def collective(comm: Comm, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 and broadcast its result; a ``UserError`` is re-raised on every rank.
+
+    The re-raised error carries ``collective = True`` so that the CLI prints it once (rank 0)
+    instead of once per rank, and no rank is left waiting in a collective.
+    """
+    if comm.Get_size() == 1:
+        return fn()
+    result: Any = None
+    error: UserError | None = None
+    if comm.Get_rank() == 0:
+        try:
+            result = fn()
+        except UserError as err:
+            error = err
+    error, result = comm.bcast((error, result), root=0)
+    if error is not None:
+        error.collective = True  # type: ignore[attr-defined]
+        raise error
+    return result
+
+
+def raise_collective(
+    comm: Comm, message: str | None, exc_type: type[UserError] = DataError
+) -> None:
+    """Raise ``exc_type(message)`` on every rank when rank 0 has a message (broadcast)."""
+    message = comm.bcast(message, root=0) if comm.Get_size() > 1 else message
+    if message:
+        err = exc_type(message)
+        err.collective = True  # type: ignore[attr-defined]
+        raise err
+
+
+class Progress:
+    """A one-line progress bar on stderr (rank 0 only): ``label done/total images, img/s``.
+
+    Each rank counts its own images; rank 0 shows its count times the number of ranks,
+    an estimate that needs no communication. The final line is printed by the caller.
+    """
+
+    def __init__(self, label: str, total: int, comm: Comm, interval: float = 0.5) -> None:
+        self.label = label
+        self.total = total
+        self.size = comm.Get_size()
+        self.enabled = comm.Get_rank() == 0 and total > 0
+        self.interval = interval
+        self.start = time.perf_counter()
+        self.done = 0
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, n: int) -> None:
+        """Add ``n`` images done by this rank; redraw at most every ``interval`` seconds."""
+        self.done += n
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self._last < self.interval and self.done * self.size < self.total:
+            return
+        self._last = now
+        shown = min(self.total, self.done * self.size)
+        rate = shown / max(now - self.start, 1e-9)
+        print(
+            f"\r{self.label}: {shown}/{self.total} images, {rate:,.0f} img/s ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._shown = True
+
+    def close(self) -> None:
+        """End the progress line."""
+        if self.enabled and self._shown:
+            print(file=sys.stderr, flush=True)
+
+
+def batch_digest(images: np.ndarray, labels: np.ndarray) -> str:
+    """SHA-256 of one batch: the C-order uint8 bytes, then the labels as little-endian int32."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(images).data)
+    h.update(np.asarray(labels, dtype="<i4").tobytes())
+    return h.hexdigest()
+
+
+def combined_checksum(digests: dict[str, list[str]]) -> str:
+    """One SHA-256 over every batch digest, split by split in a fixed order (train, val)."""
+    h = hashlib.sha256()
+    for split in sorted(digests):
+        h.update(f"{split}:{len(digests[split])}\n".encode())
+        for d in digests[split]:
+            h.update(d.encode() + b"\n")
+    return h.hexdigest()
+
+
+def misc_dir(out: Path) -> Path:
+    return Path(out) / "misc"
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file written by an earlier stage."""
+    return json.loads(Path(path).read_text())
+
+
+def require(path: Path, stage: str) -> Path:
+    """``path`` if it exists, else a ``DataError`` telling which stage to run first."""
+    if not Path(path).exists():
+        raise DataError(f"{path} not found; run `tmpi prep {stage}` first")
+    return Path(path)

@@ -1,0 +1,219 @@
+"""``tmpi bench prep``: images/s of a naive PIL baseline vs our ``batch`` stage at 1 and 2 ranks.
+
+The images are real-size JPEGs (500 x 375 by default, the ImageNet median) cut from the two
+photos that ship inside scikit-learn (``china.jpg``, ``flower.jpg``): random crops, flips and
+a little noise, so that every file differs. Both contenders turn the same files into the same
+hickle batches: the baseline decodes every image in full, resizes the shorter side to S,
+crops the centre and writes the batch, in one process; ours is ``prep.batch.run`` (DCT-scaled
+draft decode, box resize straight to S x S with ``reducing_gap``, no extra copies) under
+``mpirun -n 1`` and ``-n 2``, timed with ``MPI.Wtime`` between barriers. Medians of repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["make_images", "naive_batches", "main"]
+
+
+def make_images(root: Path, n: int, width: int = 500, height: int = 375, seed: int = 0) -> None:
+    """Write ``n`` distinct JPEGs (``width`` x ``height``) as an ImageNet-layout tree under ``root``.
+
+    Nine in ten go to ``train/<wnid>/`` (two classes: china, flower), the rest to ``val/``
+    with a ground-truth file.
+    """
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = [Image.fromarray(a) for a in load_sample_images().images]
+    rng = np.random.default_rng(seed)
+    n_val = max(1, n // 10)
+    gt = []
+    for i in range(n):
+        c = i % len(photos)
+        src = photos[c]
+        scale = rng.uniform(0.6, 1.0)
+        cw = int(min(src.width, src.height * width / height) * scale)
+        ch = int(cw * height / width)
+        x0 = int(rng.integers(0, src.width - cw + 1))
+        y0 = int(rng.integers(0, src.height - ch + 1))
+        im = src.crop((x0, y0, x0 + cw, y0 + ch)).resize((width, height), Image.Resampling.LANCZOS)
+        if rng.random() < 0.5:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        arr = np.asarray(im).astype(np.int16) + rng.integers(-6, 7, (height, width, 3))
+        im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+        if i < n_val:
+            path = root / "val" / f"ILSVRC2012_val_{i + 1:08d}.JPEG"
+            gt.append(c + 1)
+        else:
+            path = root / "train" / f"n{c:08d}" / f"n{c:08d}_{i}.JPEG"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        im.save(path, format="JPEG", quality=90)
+    (root / "val_ground_truth.txt").write_text("".join(f"{g}\n" for g in gt))
+
+
+def _naive_image(path: Path, size: int) -> np.ndarray:
+    """Full decode, shorter side to ``size`` (bilinear), integer centre crop, channel-first copy."""
+    from PIL import Image
+
+    im = Image.open(path).convert("RGB")
+    w, h = im.size
+    s = size / min(w, h)
+    im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.Resampling.BILINEAR)
+    w, h = im.size
+    left, top = (w - size) // 2, (h - size) // 2
+    im = im.crop((left, top, left + size, top + size))
+    return np.asarray(im).transpose(2, 0, 1).copy()
+
+
+def naive_batches(out: Path, batch_size: int, size: int) -> tuple[int, float, float]:
+    """The baseline: the same plan as ``prep batch``, one process; (images, seconds, cpu s)."""
+    import hickle
+
+    from prep.batch import make_plans
+
+    plans, scan, _ = make_plans(out, batch_size, "drop", "pad")
+    root = Path(scan["src"])
+    folder = out / "naive"
+    folder.mkdir(exist_ok=True)
+    n = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for split, plan in plans.items():
+        for k, items in enumerate(plan.items):
+            batch = np.zeros((batch_size, 3, size, size), dtype=np.uint8)
+            for j, it in enumerate(items):
+                if it is not None:
+                    batch[j] = _naive_image(root / it[0], size)
+                    n += 1
+            hickle.dump(
+                batch.transpose(1, 2, 3, 0).copy(), str(folder / f"{split}{k}.hkl"), mode="w"
+            )
+    return n, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _ours(out: Path, ranks: int, batch_size: int, size: int) -> tuple[int, float, float]:
+    from theanompi.launch import mpirun_command, mpirun_env
+
+    for d in out.glob("*_hkl_b*"):
+        shutil.rmtree(d)
+    cmd = mpirun_command(
+        ranks,
+        [sys.executable, "-m", "prep.bench", "--worker", str(out), str(batch_size), str(size)],
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    env = mpirun_env(
+        os.environ | {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    return int(stats["images"]), float(stats["seconds"]), float(stats["cpu_seconds"])
+
+
+def _warm_imports() -> None:
+    """Import the decoder and writer stacks before any timing (h5py alone takes ~0.3 s)."""
+    import hickle  # noqa: F401
+    from PIL import Image, JpegImagePlugin, PngImagePlugin  # noqa: F401
+
+
+def _worker(out: str, batch_size: str, size: str) -> int:
+    _warm_imports()
+    from prep.batch import run
+
+    stats = run(out, int(batch_size), int(size), progress=False)
+    from theanompi.comm import log
+
+    log(json.dumps(stats))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the images, time naive / ours x1 / ours x2, print a table of medians; returns 0."""
+    p = argparse.ArgumentParser(prog="tmpi bench prep", description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=640, help="number of JPEGs (default 640)")
+    p.add_argument("--width", type=int, default=500)
+    p.add_argument("--height", type=int, default=375)
+    p.add_argument("--size", type=int, default=256, help="output side S (default 256)")
+    p.add_argument("--batch-size", type=int, default=64, help="B (default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="median over this many runs (default 3)")
+    p.add_argument("--ranks", default="1,2", help="rank counts for ours (default 1,2)")
+    p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return _worker(*args.worker)
+    from prep import scan, shuffle
+
+    ranks = [int(r) for r in args.ranks.split(",")]
+    tmp = None
+    if args.work is None:
+        tmp = tempfile.TemporaryDirectory(prefix="tmpi-bench-prep-")
+        work = Path(tmp.name)
+    else:
+        work = args.work
+    try:
+        src, out = work / "src", work / "out"
+        if not (src / "val_ground_truth.txt").exists():
+            make_images(src, args.images, args.width, args.height)
+        _warm_imports()
+        t0 = time.perf_counter()
+        tree = scan.run(src, out)
+        scan_rate = (len(tree["train"]) + len(tree["val"])) / (time.perf_counter() - t0)
+        shuffle.run(out, seed=0)
+        rates: dict[str, list[float]] = {"naive": []} | {f"ours{r}": [] for r in ranks}
+        cpu_rates: dict[str, list[float]] = {k: [] for k in rates}
+        for _ in range(args.repeats):
+            for key in rates:
+                if key == "naive":
+                    n, sec, cpu = naive_batches(out, args.batch_size, args.size)
+                else:
+                    n, sec, cpu = _ours(out, int(key[4:]), args.batch_size, args.size)
+                rates[key].append(n / sec)
+                cpu_rates[key].append(n / cpu)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu_rates.items()}
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(
+            f"prep bench: {args.images} JPEGs {args.width}x{args.height} -> S={args.size}, "
+            f"B={args.batch_size}, c01b hickle, median of {args.repeats} "
+            f"(cpus: {os.cpu_count()}, load average {load:.1f})"
+        )
+        print(
+            f"{'method':<20}{'ranks':>6}{'img/s':>8}{'x naive':>9}{'per rank':>10}"
+            f"{'x 1 rank':>10}{'img/cpu-s':>11}{'x naive':>9}"
+        )
+        base1 = med.get(f"ours{ranks[0]}")
+        for key in rates:
+            r = 1 if key == "naive" else int(key[4:])
+            v = med[key]
+            scale = f"{v / base1:.2f}" if key != "naive" and r != ranks[0] and base1 else ""
+            name = "naive PIL (full)" if key == "naive" else "ours (prep batch)"
+            print(
+                f"{name:<20}{r:>6}{v:>8.0f}{v / med['naive']:>9.2f}{v / r / med['naive']:>10.2f}"
+                f"{scale:>10}{cmed[key]:>11.0f}{cmed[key] / cmed['naive']:>9.2f}"
+            )
+        print(f"not in the table: scan's decode check, 1 process, {scan_rate:.0f} img/s")
+        print(
+            "runs (img/s): "
+            + "; ".join(f"{k} " + ", ".join(f"{x:.0f}" for x in v) for k, v in rates.items())
+        )
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""FusionBuffer and the local kernels (pure numpy/numba, no MPI)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from theanompi.exchange._fusion import FusionBuffer, split_by_size
+from theanompi.exchange._kernels import NumpyKernels, kernels
+
+
+def test_pack_unpack_round_trip_and_padding() -> None:
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in [(1,), (7,), (3, 4, 5, 2)]]
+    arrays.append(np.asfortranarray(rng.standard_normal((5, 3)).astype(np.float32)))
+    fb = FusionBuffer([a.size for a in arrays], multiple=8)
+    assert fb.count == 1 + 7 + 120 + 15 and fb.padded_count == 144
+    fb.pack(arrays)
+    assert np.array_equal(fb.buffer[: fb.count], np.concatenate([a.ravel() for a in arrays]))
+    assert not fb.buffer[fb.count :].any()
+    out = [np.zeros_like(a) for a in arrays]
+    fb.unpack(out)
+    for a, b in zip(arrays, out, strict=True):
+        assert np.array_equal(a, b)
+    fb.unpack(out, divide_by=4)
+    assert np.array_equal(out[2], arrays[2] / np.float32(4))
+    assert [c.size for c in (fb.chunk(j, 8) for j in range(8))] == [18] * 8
+
+
+def test_split_by_size() -> None:
+    arrays = [np.zeros(10, np.float32), np.zeros(100, np.float32), np.zeros((10, 10), order="F")]
+    assert split_by_size(arrays, 50) == ([0, 2], [1])
+    assert split_by_size(arrays, 0) == ([2], [0, 1])
+
+
+def test_kernels_match_numpy_bit_for_bit() -> None:
+    k = kernels()
+    x = np.random.default_rng(1).standard_normal(100_003).astype(np.float32)
+    x[:8] = [0, -0.0, 1e-9, 3e-6, 65504, 65520, np.inf, np.nan]
+    for scale in (1.0, 0.25):
+        h, ref = np.empty(x.size, np.uint16), np.empty(x.size, np.uint16)
+        with np.errstate(all="ignore"):
+            k.to_half(x, scale, h)
+            NumpyKernels.to_half(x, scale, ref)
+        assert np.array_equal(h, ref)
+    bits = np.arange(65536).astype(np.uint16)
+    y, yref = np.empty(65536, np.float32), np.empty(65536, np.float32)
+    with np.errstate(all="ignore"):
+        k.from_half(bits, 8.0, y)
+        NumpyKernels.from_half(bits, 8.0, yref)
+    assert np.array_equal(y, yref, equal_nan=True)
+
+
+@pytest.mark.parametrize("n", [1, 2, 8])
+def test_sum_rows_is_the_sum(n: int) -> None:
+    """Regression for Theano-MPI's GPU sum kernel (looped ``i < ranksize`` instead of ``j``)."""
+    k = kernels()
+    rows = np.random.default_rng(n).standard_normal((n, 9001)).astype(np.float32)
+    out = np.empty(rows.shape[1], np.float32)
+    k.sum_rows(rows, 1.0 / n, out)
+    np.testing.assert_allclose(out, rows.astype(np.float64).mean(0), rtol=0, atol=1e-6)
+    half = np.empty(rows.shape[1], np.uint16)
+    k.sum_rows_half((rows / n).astype(np.float16).view(np.uint16), half)
+    np.testing.assert_allclose(half.view(np.float16), rows.mean(0), rtol=2e-3, atol=1e-3)

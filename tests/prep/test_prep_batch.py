@@ -1,0 +1,117 @@
+"""batch: pixel content vs an independent decode, layouts, drop/pad, resume, stale plans."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from prep import batch, io, labels, shuffle
+from theanompi.errors import ConfigError
+
+
+def test_batches_match_independent_decode(tree, prepped: Path) -> None:
+    root, _ = tree
+    man = io.read_manifest(prepped)
+    assert man["layout"] == "c01b" and man["batch_size"] == fx.B and man["size"] == fx.S
+    order = (prepped / "misc" / "shuffled_train_filenames.txt").read_text().splitlines()
+    files = io.batch_files(prepped, "train")
+    assert len(files) == man["train"]["n_batches"] == 14 // fx.B
+    for k, f in enumerate(files):
+        arr = io.load_batch(f)
+        assert arr.shape == (3, fx.S, fx.S, fx.B) and arr.dtype == np.uint8
+        for j in range(fx.B):
+            ref = fx.reference_decode(root / order[k * fx.B + j])
+            np.testing.assert_array_equal(
+                arr[..., j].transpose(1, 2, 0), ref, err_msg=order[k * fx.B + j]
+            )
+
+
+def test_val_is_padded(tree, prepped: Path) -> None:
+    root, expect = tree
+    man = io.read_manifest(prepped)
+    assert man["val"]["n_batches"] == 2 and man["val"]["n_padded"] == 3
+    assert man["train"]["n_dropped"] == 14 % fx.B and man["n_skipped"] == 2
+    last = io.load_batch(io.batch_files(prepped, "val")[-1])
+    assert not last[..., 1:].any()  # padded slots are zero
+    val_paths = [p for p, _ in expect["val"]]
+    np.testing.assert_array_equal(
+        last[..., 0].transpose(1, 2, 0), fx.reference_decode(root / val_paths[-1])
+    )
+
+
+def test_exif_rotation_applied(tree) -> None:
+    root, _ = tree
+    arr = batch.load_image(root / "train" / "n01000002" / "n01000002_3.JPEG", fx.S)
+    with Image.open(root / "train" / "n01000002" / "n01000002_3.JPEG") as im:
+        upright = im.convert("RGB").transpose(Image.Transpose.ROTATE_270)
+    assert upright.size == (18, 30)  # stored 30x18, displayed 18x30
+    from PIL import ImageOps
+
+    np.testing.assert_array_equal(
+        arr, np.asarray(ImageOps.fit(upright, (fx.S, fx.S), Image.Resampling.BILINEAR))
+    )
+
+
+def test_large_jpeg_uses_draft_and_stays_close(tmp_path: Path) -> None:
+    from conftest import _photo
+
+    path = tmp_path / "big.JPEG"
+    _photo(640, 480, 3).save(path, quality=90)
+    with Image.open(path) as im:
+        im.draft("RGB", (64, 64))
+        assert im.size == (160, 120)  # DCT-scaled 1/4
+    ours = batch.load_image(path, 64).astype(float)
+    ref = fx.reference_decode(path, 64).astype(float)
+    assert np.abs(ours - ref).mean() < 4.0
+
+
+def test_bc01_layout_and_pad_drop(tree, tmp_path: Path, prepped: Path) -> None:
+    for sub in ("misc/scan.json", "misc/shuffle.json", "misc/shuffled_train_filenames.txt"):
+        (tmp_path / sub).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(prepped / sub, tmp_path / sub)
+    batch.run(
+        tmp_path, batch_size=fx.B, size=fx.S, layout="bc01", last="pad", val_last="drop", progress=False
+    )
+    man = io.read_manifest(tmp_path)
+    assert man["train"]["n_batches"] == 4 and man["train"]["n_padded"] == 2
+    assert man["val"]["n_batches"] == 1 and man["val"]["n_dropped"] == 1
+    for k in range(3):
+        a = io.load_batch(io.batch_files(tmp_path, "train")[k])
+        c = io.load_batch(io.batch_files(prepped, "train")[k])
+        assert a.shape == (fx.B, 3, fx.S, fx.S)
+        np.testing.assert_array_equal(a, c.transpose(3, 0, 1, 2))
+    lab = labels.run(tmp_path)["train"]
+    assert lab.shape == (16,) and (lab[-2:] == -1).all() and (lab[:-2] >= 0).all()
+
+
+def test_resume_and_stale_plan(prepped: Path, tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    shutil.copytree(prepped, out)
+    files = io.batch_files(out, "train")
+    before = {f: f.read_bytes() for f in files}
+    mtimes = {f: f.stat().st_mtime_ns for f in files}
+    files[1].unlink()
+    stats = batch.run(out, batch_size=fx.B, size=fx.S, progress=False)
+    assert stats["written"] == 1 and stats["reused"] == 4
+    assert {f: f.read_bytes() for f in files} == before
+    assert all(files[k].stat().st_mtime_ns == mtimes[files[k]] for k in (0, 2))
+    shuffle.run(out, seed=8)  # a new order: every train batch is stale, val ones are not
+    stats = batch.run(out, batch_size=fx.B, size=fx.S, progress=False)
+    assert stats["written"] == 3 and stats["reused"] == 2
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"batch_size": 0}, "--batch-size must be a positive"),
+        ({"layout": "01bc"}, "--layout"),
+        ({"last": "keep"}, "--last"),
+    ],
+)
+def test_bad_options(prepped: Path, kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        batch.run(prepped, **({"batch_size": fx.B, "size": fx.S} | kw), progress=False)

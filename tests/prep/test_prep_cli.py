@@ -1,0 +1,127 @@
+"""``tmpi prep``: --help everywhere, one-line errors, identical output for 1 and 2 ranks, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+COMMANDS = ["scan", "shuffle", "batch", "mean", "labels", "verify", "all", "demo"]
+SMALL = ["--batch-size", "4", "--size", "16"]
+
+
+def _one_error_line(proc, match: str) -> None:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode != 0, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("tmpi: error: "), proc.stderr
+    assert match in lines[0], lines[0]
+
+
+def test_help_everywhere(cli) -> None:
+    from typer.testing import CliRunner
+
+    from prep.cli import app
+
+    top = cli("prep", "--help")  # mounted as `tmpi prep`
+    assert top.returncode == 0
+    runner = CliRunner()
+    for name in COMMANDS:
+        assert name in top.stdout
+        res = runner.invoke(app, [name, "--help"])
+        assert res.exit_code == 0 and "--out" in res.output, (name, res.output)
+
+
+def test_missing_folder(cli, tmp_path: Path) -> None:
+    proc = cli("prep", "all", "--src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o"))
+    _one_error_line(proc, "no such folder")
+    assert proc.returncode == 3
+
+
+def test_empty_class_folder(cli, tmp_path: Path) -> None:
+    fx.make_tree(tmp_path / "src")
+    (tmp_path / "src" / "train" / "n01000009").mkdir()
+    proc = cli("prep", "scan", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "o"))
+    _one_error_line(proc, "empty class folder")
+
+
+def test_ground_truth_count_mismatch(cli, tmp_path: Path) -> None:
+    fx.make_tree(tmp_path / "src")
+    (tmp_path / "src" / "val_ground_truth.txt").write_text("1\n2\n")
+    proc = cli("prep", "all", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "o"))
+    _one_error_line(proc, "has 2 labels but val/ has 6 images")
+
+
+@pytest.mark.parametrize("value", ["0"])
+def test_batch_size_not_positive(cli, tmp_path: Path, value: str) -> None:
+    proc = cli(
+        "prep",
+        "all",
+        "--src",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "o"),
+        "--batch-size",
+        value,
+        "-n",
+        "2",
+    )
+    _one_error_line(proc, "--batch-size must be a positive integer")
+    assert proc.returncode == 2
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.mpi
+def test_one_and_two_ranks_byte_identical_and_resume(cli, mpirun, tmp_path: Path) -> None:
+    fx.make_tree(tmp_path / "src")
+    src = str(tmp_path / "src")
+    one, two = tmp_path / "one", tmp_path / "two"
+    p1 = cli("prep", "all", "--src", src, "--out", str(one), *SMALL, "--seed", "5")
+    assert p1.returncode == 0, p1.stderr
+    p2 = cli("prep", "all", "--src", src, "--out", str(two), *SMALL, "--seed", "5", "-n", "2")
+    assert p2.returncode == 0, p2.stderr
+    assert "on 2 rank(s)" in p2.stdout and "verify: 5 batches OK" in p2.stdout
+    a, b = _files(one), _files(two)
+    assert a.keys() == b.keys() and "train_hkl_b4/0002.hkl" in a
+    assert a == b
+    (two / "train_hkl_b4" / "0001.hkl").unlink()
+    p3 = mpirun(2, ["-m", "theanompi.cli", "prep", "batch", "--out", str(two), *SMALL])
+    assert "wrote 1, kept 4" in p3.stdout
+    assert _files(two) == a
+
+
+@pytest.mark.mpi
+def test_error_under_mpirun_is_one_line(mpirun, tmp_path: Path) -> None:
+    proc = mpirun(
+        2,
+        [
+            "-m",
+            "theanompi.cli",
+            "prep",
+            "scan",
+            "--src",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        check=False,
+    )
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("tmpi: error")]
+    assert len(errors) == 1 and "no such folder" in errors[0], proc.stderr
+
+
+@pytest.mark.mpi
+def test_flag_error_under_mpirun_is_one_line(mpirun, tmp_path: Path) -> None:
+    proc = mpirun(
+        2,
+        ["-m", "theanompi.cli", "prep", "batch", "--out", str(tmp_path), "--batch-size", "0"],
+        check=False,
+    )
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("tmpi: error")]
+    assert len(errors) == 1 and "--batch-size" in errors[0], proc.stderr

@@ -1,0 +1,66 @@
+"""Per-rank program: run BSP on a tiny dataset and dump the final state.
+
+``python mpi_bsp.py DATA RUN OUT [--resume] [--skew] [section.key=value ...]``
+
+Runs ``run_bsp`` with the numpy FakeModel, then rank 0 writes OUT (.npz): every rank's params and
+optimizer state (gathered), and the summary as JSON. ``--skew`` gives rank 1 a
+model with an extra parameter (the start-up layout check must refuse it).
+Exits 130 when the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from theanompi.pytensor_env import configure  # noqa: E402
+
+configure()
+
+import numpy as np  # noqa: E402
+import pytensor  # noqa: E402
+import yaml  # noqa: E402
+from _fake_model import FakeModel  # noqa: E402
+from _train_data import tiny_config  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from theanompi.comm import install_abort_hook  # noqa: E402
+from theanompi.errors import UserError  # noqa: E402
+from theanompi.rules.bsp import run_bsp  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    install_abort_hook()
+    data, run, out, *rest = argv
+    flags = {a for a in rest if a.startswith("--")}
+    over = {}
+    for a in rest:
+        if not a.startswith("--"):
+            k, v = a.split("=", 1)
+            over[k] = yaml.safe_load(v)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    cfg = tiny_config(Path(data), Path(run), **over)
+    model = FakeModel(cfg.model)
+    if "--skew" in flags and rank == 1:
+        model.params.append(pytensor.shared(np.zeros(3, np.float32), name="extra.b"))
+    try:
+        summary = run_bsp(cfg, comm, resume="--resume" in flags, model=model)
+    except UserError as err:
+        if rank == 0:
+            print(f"tmpi: error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    vals = [p.get_value() for p in model.params] + [v.get_value() for v in model.opt_state]
+    everyone = comm.gather(vals, root=0)
+    if rank == 0:
+        arrays = {f"r{r}_{i}": a for r, vs in enumerate(everyone) for i, a in enumerate(vs)}
+        np.savez(out, summary=np.array(json.dumps(summary, default=str)), **arrays)
+    return 130 if summary.get("interrupted") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

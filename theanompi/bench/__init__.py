@@ -1,0 +1,3 @@
+"""Benchmarks: each module has ``main(argv) -> int`` printing a table of medians."""
+
+__all__: list[str] = []

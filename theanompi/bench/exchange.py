@@ -1,0 +1,305 @@
+"""Benchmark the BSP exchangers against per-array Allreduce, torch gloo and memcpy.
+
+``python -m theanompi.bench.exchange`` relaunches itself under ``mpirun -n 2`` and ``-n 4``
+(``--sizes``), times one ``exchange()`` of AlexNet's 16 parameter arrays (61 M floats) and of
+a small 1 M-float set for every strategy, and prints one table of medians: seconds per
+exchange, algorithm bandwidth (float32 parameter bytes / s) and bus bandwidth as nccl-tests
+defines it for allreduce (``algbw * 2(N-1)/N``), plus this machine's memcpy bandwidth and
+the ratios asked for in the issue. Under mpirun already, it benchmarks that N only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from theanompi.comm import under_mpirun
+
+__all__ = ["main", "alexnet_shapes", "small_shapes", "STRATEGIES"]
+
+STRATEGIES = ["ar", "asa32", "asa16", "copper", "ar_per_array", "gloo"]
+
+
+def alexnet_shapes() -> list[tuple[int, ...]]:
+    """The 16 parameter arrays of AlexNet (Krizhevsky 2012, two-tower groups; 60,965,224)."""
+    return [
+        (96, 3, 11, 11), (96,), (256, 48, 5, 5), (256,), (384, 256, 3, 3), (384,),
+        (384, 192, 3, 3), (384,), (256, 192, 3, 3), (256,),
+        (4096, 9216), (4096,), (4096, 4096), (4096,), (1000, 4096), (1000,),
+    ]  # fmt: skip
+
+
+def small_shapes() -> list[tuple[int, ...]]:
+    """A small CNN: 24 conv 64x64x3x3 layers with biases and a classifier (~1 M floats)."""
+    shapes: list[tuple[int, ...]] = []
+    for _ in range(24):
+        shapes += [(64, 64, 3, 3), (64,)]
+    return shapes + [(100, 1136), (100,)]
+
+
+SETS: dict[str, Callable[[], list[tuple[int, ...]]]] = {
+    "alexnet": alexnet_shapes,
+    "small": small_shapes,
+}
+
+
+def memcpy_bandwidth(nbytes: int, reps: int = 5) -> float:
+    """Median bytes/s of ``np.copyto`` of an ``nbytes`` buffer (one process, warm pages)."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t)
+    return src.nbytes / float(np.median(ts))
+
+
+# -- worker (one rank under mpirun) ------------------------------------------------------
+
+
+def _gloo_group(comm: Any) -> Any:
+    """Start torch.distributed (gloo) on the same ranks; None when torch is missing."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    return dist
+
+
+class _GlooExchanger:
+    """torch.distributed gloo ``all_reduce`` of every array in place, then divide (mean)."""
+
+    def __init__(self, dist: Any, size: int) -> None:
+        import torch
+
+        self.dist, self.size, self.torch = dist, size, torch
+
+    def prepare(self, arrays: list[np.ndarray]) -> None:
+        pass
+
+    def exchange(self, arrays: list[np.ndarray]) -> None:
+        for a in arrays:
+            t = self.torch.from_numpy(a)
+            self.dist.all_reduce(t)
+            t.div_(self.size)
+
+
+def _time_round_robin(
+    comm: Any, cases: dict[str, Any], arrays: list[np.ndarray], reps: int
+) -> dict[str, float]:
+    """Median seconds of ``ex.exchange(arrays)`` per case, timed between barriers.
+
+    The cases take turns (one exchange each per round, after one warm-up round), so a
+    change in machine load hits every strategy alike.
+    """
+    from mpi4py import MPI
+
+    for ex in cases.values():
+        ex.prepare(arrays)
+        ex.exchange(arrays)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, ex in cases.items():
+            comm.Barrier()
+            t = MPI.Wtime()
+            ex.exchange(arrays)
+            comm.Barrier()
+            times[name].append(MPI.Wtime() - t)
+    times = comm.bcast(times, root=0)
+    return {name: float(np.median(ts)) for name, ts in times.items()}
+
+
+def worker(strategies: list[str], sets: list[str], reps: int) -> list[dict[str, Any]]:
+    """Time every strategy on every set on COMM_WORLD; the same rows on every rank."""
+    from mpi4py import MPI
+
+    from theanompi.exchange import create_exchanger
+    from theanompi.exchange._kernels import kernels
+
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    backend = kernels().backend
+    dist = _gloo_group(comm) if "gloo" in strategies else None
+    rows = []
+    for set_name in sets:
+        rng = np.random.default_rng(rank)
+        arrays = [rng.standard_normal(s, dtype=np.float32) * 0.01 for s in SETS[set_name]()]
+        count = sum(a.size for a in arrays)
+        cases: dict[str, Any] = {}
+        notes: dict[str, str] = {}
+        for name in strategies:
+            if name == "gloo":
+                if dist is None:
+                    notes[name] = "torch not installed"
+                else:
+                    cases[name] = _GlooExchanger(dist, n)
+                continue
+            try:
+                cases[name] = create_exchanger(name, comm=comm, op="mean")
+            except Exception as err:  # e.g. ConfigError for N not a power of 2
+                notes[name] = str(err)
+        if "asa16" in cases:
+            notes["asa16"] = f"float16 kernels: {backend}"
+        t0 = MPI.Wtime()
+        seconds = _time_round_robin(comm, cases, arrays, reps)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        for name in strategies:
+            row: dict[str, Any] = {"set": set_name, "n": n, "strategy": name, "count": count}
+            if name in seconds:
+                row["seconds"] = seconds[name]
+            if name in notes:
+                row["note"] = notes[name]
+            row["load"] = load
+            rows.append(row)
+        del cases
+        if rank == 0:
+            print(
+                f"  {set_name} N={n}: {MPI.Wtime() - t0:.1f} s, load average {load:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
+    if dist is not None:
+        dist.destroy_process_group()
+    return rows
+
+
+# -- launcher ------------------------------------------------------------------------------
+
+
+def _bw(row: dict[str, Any]) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s: float32 parameter bytes per second, and nccl-tests' busbw."""
+    alg = row["count"] * 4 / row["seconds"] / 1e9
+    return alg, alg * 2 * (row["n"] - 1) / row["n"]
+
+
+def format_table(rows: list[dict[str, Any]], memcpy_gbs: float, reps: int) -> str:
+    """The results table and the ratios of the issue's goals."""
+    lines = [
+        f"exchange benchmark: op=mean, median of {reps} exchanges between barriers, "
+        f"{os.cpu_count()} cores",
+        f"{'set':8s} {'floats':>10s} {'N':>2s} {'strategy':13s} {'s/exchange':>11s} "
+        f"{'algbw GB/s':>10s} {'busbw GB/s':>10s}  note",
+    ]
+    for r in rows:
+        if "seconds" in r:
+            alg, bus = _bw(r)
+            nums = f"{r['seconds']:11.4f} {alg:10.2f} {bus:10.2f}"
+        else:
+            nums = f"{'-':>11s} {'-':>10s} {'-':>10s}"
+        lines.append(
+            f"{r['set']:8s} {r['count']:10d} {r['n']:2d} {r['strategy']:13s} {nums}  "
+            f"{r.get('note', '')}"
+        )
+    lines.append(f"memcpy (np.copyto, 244 MB, one process): {memcpy_gbs:.2f} GB/s  <- limit")
+    loads = sorted({f"{r['load']:.1f}" for r in rows if "load" in r})
+    if loads:
+        lines.append(
+            f"1-min load average while timing: {', '.join(loads)} (other jobs share the cores)"
+        )
+    lines.append("")
+    lines.append("ratios (time of the slower / time of the faster; >1 means the first wins):")
+    t = {(r["set"], r["n"], r["strategy"]): r["seconds"] for r in rows if "seconds" in r}
+    for set_name, n in dict.fromkeys((r["set"], r["n"]) for r in rows):
+
+        def g(s: str, set_name: str = set_name, n: int = n) -> float | None:
+            return t.get((set_name, n, s))
+
+        parts = []
+        if g("ar") and g("ar_per_array"):
+            v = g("ar_per_array") / g("ar")
+            parts.append(f"fused ar vs per-array {v:.2f}x ({'ok' if v >= 1.0 else 'MISS'} >=1.0)")
+        if g("asa16") and g("asa32"):
+            v = g("asa32") / g("asa16")
+            parts.append(f"asa16 vs asa32 {v:.2f}x ({'ok' if v >= 1.6 else 'MISS'} >=1.6)")
+        ours = {s: g(s) for s in ("ar", "asa32", "asa16", "copper") if g(s)}
+        if ours and g("gloo"):
+            best = min(ours, key=ours.__getitem__)
+            v = g("gloo") / ours[best]
+            parts.append(f"best ({best}) vs gloo {v:.2f}x ({'ok' if v >= 1.2 else 'MISS'} >=1.2)")
+        lines.append(f"  {set_name:8s} N={n}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tmpi bench exchange", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="2,4", help="numbers of ranks to launch (default 2,4)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--sets", default="alexnet,small", help="parameter sets: alexnet, small")
+    p.add_argument("--reps", type=int, default=5, help="timed exchanges per case (median)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per mpirun launch")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table; return 0 (non-zero when a launch failed)."""
+    args = _parser().parse_args(argv)
+    strategies = args.strategies.split(",")
+    sets = args.sets.split(",")
+    for s in sets:
+        if s not in SETS:
+            print(f"unknown set {s!r}; choose from {', '.join(SETS)}", file=sys.stderr)
+            return 2
+    if args.reps < 1:
+        print(f"--reps must be >= 1, got {args.reps}", file=sys.stderr)
+        return 2
+    if args.worker or under_mpirun():
+        rows = worker(strategies, sets, args.reps)
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(rows, f)
+            else:
+                print(format_table(rows, memcpy_bandwidth(244_000_000) / 1e9, args.reps))
+        return 0
+
+    from theanompi.launch import mpirun_command, mpirun_env
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.sizes.split(",")):
+            out = os.path.join(tmp, f"n{n}.json")
+            cmd = mpirun_command(
+                n,
+                [sys.executable, "-m", "theanompi.bench.exchange", "--worker", "--out", out,
+                 "--strategies", args.strategies, "--sets", args.sets, "--reps", str(args.reps)],
+            )  # fmt: skip
+            print(f"running N={n}: {' '.join(cmd[1:4])} ...", file=sys.stderr, flush=True)
+            proc = subprocess.run(cmd, env=mpirun_env(), timeout=args.timeout)
+            if proc.returncode != 0 or not os.path.exists(out):
+                print(f"mpirun -n {n} failed (exit {proc.returncode})", file=sys.stderr)
+                return proc.returncode or 1
+            with open(out) as f:
+                rows += json.load(f)
+    rows.sort(key=lambda r: (list(SETS).index(r["set"]), r["n"]))
+    print(format_table(rows, memcpy_bandwidth(244_000_000) / 1e9, args.reps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

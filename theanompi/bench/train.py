@@ -1,0 +1,187 @@
+"""Benchmark BSP training: images/s of the small CNN on the demo data at N=1 and N=2.
+
+``python -m theanompi.bench.train`` (``tmpi bench train``) relaunches itself under
+``mpirun -n N`` for each N of ``--ranks`` with one BLAS thread per rank
+(``OPENBLAS_NUM_THREADS=1``), runs ``run_bsp`` for ``--steps`` steps (one epoch
+capped by ``training.max_steps``, no checkpoints) and prints a table of medians
+per step: images/s, step time and its split into compute / exchange / data
+wait, plus the speed-up of each N over N=1 (goal: N=2 >= 1.7x). The demo data
+set is built into ``bench_out/digits`` on first use when ``--data`` is not given
+and ``data/digits`` does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from theanompi.comm import under_mpirun
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tmpi bench train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=None, help="prep output [default: data/digits, built if missing]")
+    p.add_argument("--model", default="digits", help="model config [default: digits]")
+    p.add_argument("--ranks", default="1,2", help="comma-separated N to run [default: 1,2]")
+    p.add_argument("--steps", type=int, default=40, help="steps per run (medians over them) [default: 40]")
+    p.add_argument("--repeats", type=int, default=1, help="runs per N; the median run is shown [default: 1]")
+    p.add_argument("--strategy", default="ar", help="exchange strategy [default: ar]")
+    p.add_argument("--sync-type", default="avg", help="avg or cdd [default: avg]")
+    p.add_argument("--batch-size", type=int, default=None, help="per-rank sub-batch [default: the model's]")
+    p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per rank [default: 1]")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _overrides(args: argparse.Namespace, data: Path, run_dir: Path) -> dict[str, Any]:
+    over: dict[str, Any] = {
+        "data.dir": str(data),
+        "output.run_dir": str(run_dir),
+        "output.snapshot_freq": 0,
+        "training.max_steps": args.steps,
+        "training.print_freq": 10**9,
+        "model.n_epochs": 1,
+        "weight_exchange.exch_strategy": args.strategy,
+        "weight_exchange.sync_type": args.sync_type,
+    }
+    if args.batch_size:
+        over["model.batch_size"] = args.batch_size
+    return over
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """Under mpirun: one timed BSP run; rank 0 writes the summary to ``args.worker``."""
+    from theanompi.comm import install_abort_hook
+    from theanompi.pytensor_env import configure
+
+    configure(blas_threads=args.blas_threads)
+    install_abort_hook()
+    from theanompi.comm import world
+    from theanompi.config import check_world_size, load_config
+    from theanompi.rules.bsp import run_bsp
+
+    comm = world()
+    with tempfile.TemporaryDirectory(prefix="tmpi-bench-") as tmp:
+        cfg = load_config(None, args.model, _overrides(args, args.data, Path(tmp) / "run"))
+        check_world_size(cfg, comm.Get_size())
+        import contextlib
+        import io
+
+        quiet = io.StringIO()
+        with contextlib.redirect_stdout(quiet):
+            s = run_bsp(cfg, comm)
+    if comm.Get_rank() == 0:
+        b = int(cfg.model.batch_size)
+        n = comm.Get_size()
+        row = {
+            "n": n, "batch_size": b, "steps": s["steps"], "model": cfg.model.name,
+            "strategy": args.strategy, "sync_type": args.sync_type,
+            "images_per_s": n * b / s["median_wall_s"], "mean_images_per_s": s["images_per_s"],
+            "step_s": s["median_wall_s"], "compute_s": s["median_compute_s"],
+            "exchange_s": s["median_exchange_s"], "wait_s": s["median_wait_s"],
+            "val_top1_err": s["val_top1_err"],
+        }
+        args.worker.write_text(json.dumps(row))
+    return 0
+
+
+def _ensure_data(data: Path | None) -> Path:
+    if data is not None:
+        if not (data / "misc" / "manifest.json").exists():
+            from theanompi.errors import DataError
+
+            raise DataError(f"--data {data}: no prep output there; run `make data` or omit --data")
+        return data
+    default = Path("data/digits")
+    if (default / "misc" / "manifest.json").exists():
+        return default
+    built = Path("bench_out/digits")
+    if not (built / "misc" / "manifest.json").exists():
+        print(f"bench train: building the demo data set in {built} ...", flush=True)
+        cli = [sys.executable, "-m", "theanompi.cli", "prep"]
+        tree = built.parent / "digits_tree"
+        subprocess.run([*cli, "demo", "--out", str(tree)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*cli, "all", "-n", "2", "--src", str(tree), "--out", str(built), "--size", "32"],
+                       check=True, stdout=subprocess.DEVNULL)
+    return built
+
+
+def _run_n(args: argparse.Namespace, data: Path, n: int, out: Path) -> dict[str, Any]:
+    from theanompi.launch import mpirun_command, mpirun_env
+
+    argv = [sys.executable, "-m", "theanompi.bench.train", "--worker", str(out), "--data", str(data),
+            "--model", args.model, "--steps", str(args.steps), "--strategy", args.strategy,
+            "--sync-type", args.sync_type, "--blas-threads", str(args.blas_threads)]
+    if args.batch_size:
+        argv += ["--batch-size", str(args.batch_size)]
+    env = mpirun_env() | {
+        "OPENBLAS_NUM_THREADS": str(args.blas_threads),
+        "OMP_NUM_THREADS": str(args.blas_threads),
+    }
+    proc = subprocess.run(mpirun_command(n, argv), env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"bench train: N={n} failed ({proc.returncode}): " + " | ".join(tail))
+    return json.loads(out.read_text())
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    base = next((r["images_per_s"] for r in rows if r["n"] == 1), None)
+    head = f"{'N':>3} {'batch':>9} {'images/s':>10} {'speed-up':>9} {'step ms':>8} {'compute':>8} {'exchange':>9} {'wait':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        up = f"{r['images_per_s'] / base:.2f}x" if base else "-"
+        lines.append(
+            f"{r['n']:>3} {str(r['batch_size']) + 'x' + str(r['n']):>9} {r['images_per_s']:>10,.0f} {up:>9} "
+            f"{r['step_s'] * 1e3:>8.1f} {r['compute_s'] * 1e3:>8.1f} {r['exchange_s'] * 1e3:>9.2f} "
+            f"{r['wait_s'] * 1e3:>6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--worker``, one timed run under mpirun); returns an exit code."""
+    args = _parser().parse_args(argv)
+    if args.worker is not None:
+        return _worker(args)
+    if under_mpirun():
+        print("bench train: run it without mpirun; it launches N=1 and N=2 itself", file=sys.stderr)
+        return 2
+    from theanompi.errors import UserError
+
+    try:
+        data = _ensure_data(args.data)
+        ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
+        rows = []
+        with tempfile.TemporaryDirectory(prefix="tmpi-bench-") as tmp:
+            for n in ranks:
+                runs = [_run_n(args, data, n, Path(tmp) / f"n{n}_{i}.json") for i in range(args.repeats)]
+                runs.sort(key=lambda r: r["images_per_s"])
+                rows.append(runs[len(runs) // 2] | {"repeats_images_per_s": [r["images_per_s"] for r in runs]})
+    except (UserError, RuntimeError) as err:
+        print(f"tmpi: error: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+    print(f"bench train: BSP {args.strategy}/{args.sync_type}, model {args.model}, {args.steps} steps per run, "
+          f"{args.blas_threads} BLAS thread(s) per rank, {os.cpu_count()} cores; medians per step (ms)")
+    print(_table(rows))
+    two = next((r for r in rows if r["n"] == 2), None)
+    one = next((r for r in rows if r["n"] == 1), None)
+    if one and two:
+        ratio = two["images_per_s"] / one["images_per_s"]
+        print(f"N=2 / N=1 = {ratio:.2f}x (goal >= 1.7x): {'met' if ratio >= 1.7 else 'NOT met'}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""numba versions of the kernels in :mod:`theanompi.exchange._kernels` (imported lazily)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["to_half", "from_half", "sum_rows", "sum_rows_half"]
+
+_BLOCK = 4096  # columns per block in the row sums: the float32 accumulator stays in L1
+
+
+@intrinsic
+def _f2h(typingctx: Any, x: Any) -> Any:
+    """float32 -> float16 bits (LLVM fptrunc: F16C vcvtps2ph, round to nearest even)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _h2f(typingctx: Any, b: Any) -> Any:
+    """float16 bits -> float32 (LLVM fpext: F16C vcvtph2ps, exact)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+
+@_jit
+def to_half(src: Any, scale: Any, dst: Any) -> None:  # pragma: no cover - compiled
+    for i in range(src.size):
+        dst[i] = _f2h(src[i] * scale)
+
+
+@_jit
+def from_half(src: Any, scale: Any, dst: Any) -> None:  # pragma: no cover - compiled
+    for i in range(src.size):
+        dst[i] = _h2f(src[i]) * scale
+
+
+@_jit
+def sum_rows(rows: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
+    n, c = rows.shape
+    for j0 in range(0, c, _BLOCK):
+        j1 = min(j0 + _BLOCK, c)
+        for j in range(j0, j1):
+            out[j] = rows[0, j]
+        for k in range(1, n):
+            for j in range(j0, j1):
+                out[j] += rows[k, j]
+        if scale != 1.0:
+            for j in range(j0, j1):
+                out[j] *= scale
+
+
+@_jit
+def sum_rows_half(rows: Any, out: Any) -> None:  # pragma: no cover - compiled
+    n, c = rows.shape
+    acc = np.empty(_BLOCK, np.float32)
+    for j0 in range(0, c, _BLOCK):
+        j1 = min(j0 + _BLOCK, c)
+        for j in range(j0, j1):
+            acc[j - j0] = _h2f(rows[0, j])
+        for k in range(1, n):
+            for j in range(j0, j1):
+                acc[j - j0] += _h2f(rows[k, j])
+        for j in range(j0, j1):
+            out[j] = _f2h(acc[j - j0])

@@ -1,0 +1,52 @@
+"""Models and layers: ``create_model(section)`` builds a :class:`Model` by ``section.name``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from theanompi.errors import ConfigError
+
+if TYPE_CHECKING:
+    from theanompi.models.base import Model
+
+__all__ = ["create_model", "MODELS", "Model"]
+
+#: ``name:`` in configs/<model>.yaml -> (module, class); imported on first use
+MODELS: dict[str, tuple[str, str]] = {
+    "alexnet": ("theanompi.models.alexnet", "AlexNet"),
+    "googlenet": ("theanompi.models.googlenet", "GoogLeNet"),
+    "vgg16": ("theanompi.models.vgg", "VGG16"),
+    "mlp": ("theanompi.models.mlp", "MLP"),
+    "small_cnn": ("theanompi.models.small_cnn", "SmallCNN"),
+}
+
+
+def model_class(name: str) -> type[Model]:
+    """The class registered under ``name``; ``ConfigError`` naming the choices otherwise."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; choose from {', '.join(sorted(MODELS))}")
+    module, cls = MODELS[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def create_model(section: Mapping[str, Any]) -> Model:
+    """Build the model named by ``section["name"]`` from a model config section.
+
+    >>> m = create_model({"name": "small_cnn", "input_size": 28, "channels": 3, "n_classes": 10})
+    >>> m.input_shape, m.n_classes, m.params[0].name
+    ((3, 28, 28), 10, 'conv1.W')
+    """
+    name = section.get("name") if isinstance(section, Mapping) else None
+    if not name:
+        raise ConfigError("model config has no 'name'; set name: small_cnn (or alexnet, ...)")
+    return model_class(name)(section)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Model":
+        from theanompi.models.base import Model
+
+        return Model
+    raise AttributeError(name)

@@ -1,0 +1,305 @@
+"""The ``Model`` protocol the trainer relies on, and a base class that implements it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from theanompi.errors import ConfigError
+from theanompi.pytensor_env import configure
+
+configure()
+
+import pytensor  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+from pytensor.tensor.special import log_softmax, softmax  # noqa: E402
+
+from theanompi.models.layers import Layer  # noqa: E402
+from theanompi.models.optim import SGD, _zeros_like, step_lr  # noqa: E402
+
+__all__ = ["Model", "classification_metrics"]
+
+_COMMON_DEFAULTS = {
+    "name": None,
+    "input_size": 28,
+    "channels": 3,
+    "n_classes": 10,
+    "batch_size": 32,
+    "n_epochs": 10,
+    "learning_rate": 0.01,
+    "lr_policy": "step",
+    "lr_step": [],
+    "lr_gamma": 0.1,
+    "momentum": 0.9,
+    "nesterov": False,
+    "weight_decay": 0.0005,
+    "arch": {},
+}
+
+
+def classification_metrics(
+    logits: pt.TensorVariable, y: pt.TensorVariable
+) -> tuple[pt.TensorVariable, pt.TensorVariable, pt.TensorVariable]:
+    """Mean cross-entropy, top-1 error and top-5 error of ``logits`` (b, K) for labels ``y``."""
+    rows = pt.arange(y.shape[0])
+    fx = pytensor.config.floatX
+    loss = -log_softmax(logits, axis=-1)[rows, y].mean()
+    top1 = pt.neq(pt.argmax(logits, axis=-1), y).astype(fx).mean()
+    true = logits[rows, y]
+    rank = pt.sum(pt.gt(logits, true.dimshuffle(0, "x")), axis=-1)  # classes scored higher
+    top5 = pt.ge(rank, 5).astype(fx).mean()
+    return loss.astype(fx), top1, top5
+
+
+class Model:
+    """A trainable classifier: what ``tmpi train`` / ``tmpi eval`` need from a network.
+
+    The protocol (duck-typed; subclassing is optional):
+
+    ``params``
+        list of float32 shared variables with unique ``.name`` (``conv1.W``): exchanged
+        between workers and checkpointed.
+    ``opt_state``
+        list of shared variables (momentum buffers ``conv1.W.v``): checkpointed only.
+    ``grads``
+        shared variables shaped like ``params``, written by :meth:`compute_grads`.
+    ``input_shape``, ``n_classes``, ``lr``
+        ``(C, H, W)`` of one input, the class count, and the scalar learning rate.
+    ``build(batch_size)``
+        compile the step functions (once).
+    ``train_step(x, y) -> (loss, top1_err)``
+        forward, backward and parameter update on float32 ``x`` (b, C, H, W), int32 ``y``.
+    ``compute_grads(x, y)`` / ``apply_grads()``
+        the same split in two (for gradient averaging between workers).
+    ``val_step(x, y) -> (loss, top1_err, top5_err)`` and ``predict(x) -> probs``
+        without dropout.
+    ``adjust_hyperparams(epoch)``
+        set ``lr`` for a 0-based epoch from the config's lr policy.
+
+    This class implements all of it from a network given by :meth:`build_network` (a
+    :class:`~theanompi.models.layers.Layer`); override :meth:`forward` instead to plug in a
+    graph written by hand or with any library whose parameters are PyTensor shared
+    variables (then set ``self.params`` yourself before calling ``super().__init__``'s
+    optimiser set-up, see :meth:`setup_optimizer`).
+
+    Parameters
+    ----------
+    section : Mapping
+        A model config section (the keys of ``theanompi.config.MODEL_SCHEMA``); missing keys
+        take the schema defaults; ``arch`` is checked against ``ARCH_DEFAULTS``.
+
+    Examples
+    --------
+    >>> from theanompi.models import create_model
+    >>> m = create_model({"name": "mlp", "input_size": 4, "channels": 1, "n_classes": 3,
+    ...                   "arch": {"hidden": [5]}})
+    >>> [p.name for p in m.params], m.input_shape
+    (['fc1.W', 'fc1.b', 'out.W', 'out.b'], (1, 4, 4))
+    """
+
+    name = "model"
+    #: model-specific ``arch`` keys and their defaults; unknown keys raise ConfigError
+    ARCH_DEFAULTS: dict[str, Any] = {}
+
+    def __init__(self, section: Mapping[str, Any]) -> None:
+        cfg = dict(_COMMON_DEFAULTS)
+        cfg.update({k: v for k, v in dict(section).items()})
+        self.config = cfg
+        for key in ("input_size", "channels", "n_classes", "batch_size"):
+            if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
+                raise ConfigError(f"model.{key} must be a positive int, got {cfg[key]!r}")
+        self.arch = self._check_arch(cfg.get("arch") or {})
+        self.input_shape: tuple[int, int, int] = (cfg["channels"], cfg["input_size"], cfg["input_size"])
+        self.n_classes: int = cfg["n_classes"]
+        self.batch_size: int = cfg["batch_size"]
+        self.base_lr = float(cfg["learning_rate"])
+        self.lr = pytensor.shared(np.asarray(self.base_lr, dtype=pytensor.config.floatX), name="lr")
+        self.rng = np.random.default_rng(int(self.arch.get("seed", 0)))
+        try:
+            self.net: Layer | None = self.build_network()
+        except ValueError as err:  # a layer refused the shapes the config implies
+            raise ConfigError(f"model {self.name!r}: {err}") from None
+        if self.net is not None:
+            if tuple(self.net.out_shape) != (self.n_classes,):
+                raise ConfigError(
+                    f"model {self.name!r}: network outputs {self.net.out_shape}, expected "
+                    f"({self.n_classes},); check n_classes and arch"
+                )
+            self.params = list(self.net.params)
+        self.setup_optimizer()
+        self._fns: dict[str, Any] = {}
+        self.compile_seconds: dict[str, float] = {}
+
+    # -- construction -------------------------------------------------------------------
+    def _check_arch(self, arch: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(arch, Mapping):
+            raise ConfigError(f"model.arch must be a mapping, got {arch!r}")
+        known = {**self.ARCH_DEFAULTS, "seed": 0, "input_scale": 1 / 255}
+        unknown = sorted(set(arch) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"model.arch: unknown key {unknown[0]!r} for {self.name!r}; valid keys: "
+                f"{', '.join(sorted(known))}"
+            )
+        out = {**known, **arch}
+        for key, default in known.items():
+            val = out[key]
+            if default is None:
+                continue
+            kind = type(default)
+            ok = isinstance(val, kind) or (kind is float and isinstance(val, int))
+            if isinstance(val, bool) and kind is not bool:
+                ok = False
+            if not ok:
+                raise ConfigError(
+                    f"model.arch.{key} must be {kind.__name__} (e.g. {default!r}), got {val!r}"
+                )
+        return out
+
+    def build_network(self) -> Layer | None:
+        """Return the network as one :class:`Layer` mapping ``input_shape`` to ``(n_classes,)``
+        scores (logits). Return ``None`` and override :meth:`forward` for a hand-made graph."""
+        raise NotImplementedError
+
+    def setup_optimizer(self) -> None:
+        """Create the optimiser, ``opt_state`` and ``grads`` for ``self.params``."""
+        names = [p.name for p in self.params]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup or any(not n for n in names):
+            raise ValueError(f"parameter names must be unique and non-empty; repeated: {dup}")
+        c = self.config
+        self.optimizer = SGD(
+            self.params,
+            self.lr,
+            momentum=float(c["momentum"]),
+            nesterov=bool(c["nesterov"]),
+            weight_decay=float(c["weight_decay"]),
+        )
+        self.opt_state = list(self.optimizer.state)
+        self.grads = [
+            pytensor.shared(_zeros_like(p), name=f"{p.name}.grad", borrow=True)
+            for p in self.params
+        ]
+
+    # -- graph ----------------------------------------------------------------------------
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        """Symbolic logits (b, n_classes) for input ``x`` (b, C, H, W)."""
+        assert self.net is not None
+        scale = float(self.arch.get("input_scale", 1.0))
+        if scale != 1.0:
+            x = x * np.asarray(scale, dtype=pytensor.config.floatX)
+        return self.net(x, train)
+
+    def n_params(self) -> int:
+        """Number of trainable scalars."""
+        return int(sum(p.get_value(borrow=True).size for p in self.params))
+
+    def flops_per_image(self) -> int:
+        """Forward multiply-add FLOPs (x2) per image through GEMM-like layers."""
+        return self.net.flops() if self.net is not None else 0
+
+    def state_updates(self) -> list[tuple[Any, Any]]:
+        """Non-gradient updates of a training step (batch-norm running statistics)."""
+        return list(self.net.updates) if self.net is not None else []
+
+    def _graphs(self) -> dict[str, Any]:
+        fx = pytensor.config.floatX
+        # no static shape on purpose: compiled C modules are then shared between models and
+        # batch sizes (PyTensor keys its cache on the types); layers know their shapes anyway
+        x = pt.tensor4("x", dtype=fx)
+        y = pt.ivector("y")
+        logits = self.forward(x, train=True)
+        loss, top1, _ = classification_metrics(logits, y)
+        grads = pytensor.grad(loss, self.params)
+        state_up = self.state_updates()
+        ev_logits = self.forward(x, train=False)
+        ev_loss, ev_top1, ev_top5 = classification_metrics(ev_logits, y)
+        return {
+            "x": x,
+            "y": y,
+            "loss": loss,
+            "top1": top1,
+            "grads": grads,
+            "state_up": state_up,
+            "eval": [ev_loss, ev_top1, ev_top5, softmax(ev_logits, axis=-1)],
+        }
+
+    def build(self, batch_size: int | None = None) -> Model:
+        """Compile ``train_step`` and ``val_step``/``predict`` (``compute_grads`` and
+        ``apply_grads`` are compiled on first use). Idempotent; returns ``self``."""
+        if batch_size is not None:
+            if not isinstance(batch_size, int) or batch_size < 1:
+                raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+            self.batch_size = batch_size
+        if "train" in self._fns:
+            return self
+        g = self._g = self._graphs()
+        self._compile(
+            "train",
+            [g["x"], g["y"]],
+            [g["loss"], g["top1"]],
+            self.optimizer.updates(g["grads"]) + g["state_up"],
+        )
+        self._compile("eval", [g["x"], g["y"]], g["eval"], [])
+        return self
+
+    def _compile(self, key: str, inputs: list[Any], outputs: list[Any], updates: list[Any]) -> Any:
+        t0 = time.perf_counter()
+        fn = pytensor.function(inputs, outputs, updates=updates, name=f"{self.name}.{key}")
+        self.compile_seconds[key] = time.perf_counter() - t0
+        self._fns[key] = fn
+        return fn
+
+    def _fn(self, key: str) -> Any:
+        if "train" not in self._fns:
+            self.build()
+        if key not in self._fns:
+            g = self._g
+            if key == "grads":
+                ups = list(zip(self.grads, g["grads"], strict=True)) + g["state_up"]
+                self._compile(key, [g["x"], g["y"]], [g["loss"], g["top1"]], ups)
+            elif key == "apply":
+                self._compile(key, [], [], self.optimizer.updates(self.grads))
+        return self._fns[key]
+
+    # -- steps ----------------------------------------------------------------------------
+    @staticmethod
+    def _xy(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+        return (
+            np.asarray(x, dtype=pytensor.config.floatX),
+            np.asarray(y, dtype=np.int32),
+        )
+
+    def train_step(self, x: Any, y: Any) -> tuple[float, float]:
+        """One SGD step on (x, y); returns (loss, top-1 error) before the update."""
+        loss, err = self._fn("train")(*self._xy(x, y))
+        return float(loss), float(err)
+
+    def compute_grads(self, x: Any, y: Any) -> tuple[float, float]:
+        """Write the gradients of the loss on (x, y) into ``grads``; params unchanged."""
+        loss, err = self._fn("grads")(*self._xy(x, y))
+        return float(loss), float(err)
+
+    def apply_grads(self) -> None:
+        """One optimiser step from the values in ``grads``."""
+        self._fn("apply")()
+
+    def val_step(self, x: Any, y: Any) -> tuple[float, float, float]:
+        """(loss, top-1 error, top-5 error), means over the batch, dropout off."""
+        loss, t1, t5, _ = self._fn("eval")(*self._xy(x, y))
+        return float(loss), float(t1), float(t5)
+
+    def predict(self, x: Any) -> np.ndarray:
+        """Softmax probabilities (b, n_classes), float32, dropout off."""
+        x = np.asarray(x, dtype=pytensor.config.floatX)
+        *_, probs = self._fn("eval")(x, np.zeros(len(x), dtype=np.int32))
+        return np.asarray(probs, dtype=np.float32)
+
+    def adjust_hyperparams(self, epoch: int) -> None:
+        """Set ``lr`` for 0-based ``epoch`` from ``lr_policy``/``lr_step``/``lr_gamma``."""
+        c = self.config
+        lr = step_lr(self.base_lr, int(epoch), list(c["lr_step"]), float(c["lr_gamma"]), c["lr_policy"])
+        self.lr.set_value(np.asarray(lr, dtype=pytensor.config.floatX))

@@ -1,0 +1,675 @@
+"""Lasagne-like layers in plain PyTensor: conv (im2col + GEMM), pooling, LRN, dropout, dense, ...
+
+Every layer works on channel-first float32 tensors ``(b, C, H, W)`` (or ``(b, n)`` for dense
+layers), knows the per-example shape it takes (``in_shape``) and gives (``out_shape``), owns
+its trainable shared variables in ``params`` (named ``<layer>.W``, ``<layer>.b``), and builds
+its symbolic output with ``layer(x, train=...)``. PyTensor 3.x ships no ``nnet`` module, so
+convolution, pooling and LRN are built here from strided slices, ``Join`` and ``dot`` (which
+PyTensor lowers to the C BLAS ``Gemm``/``Dot22``); gradients come from PyTensor's autodiff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from theanompi.pytensor_env import configure
+
+configure()
+
+import pytensor  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+from pytensor.tensor.special import softmax  # noqa: E402
+
+__all__ = [
+    "Layer",
+    "Sequential",
+    "Conv2D",
+    "MaxPool2D",
+    "AvgPool2D",
+    "GlobalAvgPool",
+    "LRN",
+    "ReLU",
+    "Dropout",
+    "Dense",
+    "Softmax",
+    "Flatten",
+    "Concat",
+    "BatchNorm",
+    "im2col",
+    "pool_output_size",
+]
+
+Shape = tuple[int, ...]
+
+
+def _floatx() -> str:
+    return pytensor.config.floatX
+
+
+def _pair(v: int | Sequence[int], what: str, layer: str, minimum: int = 1) -> tuple[int, int]:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        t = (int(v), int(v))
+    elif isinstance(v, Sequence) and len(v) == 2 and all(isinstance(i, (int, np.integer)) for i in v):
+        t = (int(v[0]), int(v[1]))
+    else:
+        raise ValueError(f"{layer}: {what}={v!r} must be an int or a pair of ints, e.g. {what}=3")
+    if min(t) < minimum:
+        raise ValueError(f"{layer}: {what}={v!r} must be >= {minimum}")
+    return t
+
+
+def _check_shape(in_shape: Any, ndim: int, layer: str) -> Shape:
+    try:
+        shape = tuple(int(s) for s in in_shape)
+    except TypeError:
+        raise ValueError(f"{layer}: in_shape={in_shape!r} must be a tuple of ints") from None
+    if len(shape) != ndim or min(shape) < 1:
+        want = "(C, H, W)" if ndim == 3 else "(n,)" if ndim == 1 else f"{ndim} positive ints"
+        raise ValueError(f"{layer}: in_shape={in_shape!r} must be {want} per example (no batch axis)")
+    return shape
+
+
+def pool_output_size(n: int, k: int, s: int, pad: int = 0, ceil_mode: bool = False) -> int:
+    """Output side of a ``k``-window, stride-``s`` pooling/conv over a side of ``n``.
+
+    >>> pool_output_size(55, 3, 2), pool_output_size(112, 3, 2, ceil_mode=True)
+    (27, 56)
+    """
+    span = n + 2 * pad - k
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= n + pad:  # last window must start inside the input
+        out -= 1
+    return out
+
+
+def _pad(x: pt.TensorVariable, pad: tuple[int, int, int, int], value: float) -> pt.TensorVariable:
+    """Pad the two last axes (top, bottom, left, right) with ``value``; differentiable."""
+    top, bottom, left, right = pad
+    if not any(pad):
+        return x
+    b, c, h, w = x.shape
+    full = pt.alloc(np.asarray(value, dtype=x.dtype), b, c, h + top + bottom, w + left + right)
+    return pt.set_subtensor(full[:, :, top : top + h, left : left + w], x)
+
+
+def _windows(
+    x: pt.TensorVariable, k: tuple[int, int], s: tuple[int, int], out_hw: tuple[int, int]
+) -> list[pt.TensorVariable]:
+    """The ``kh*kw`` strided views ``x[:, :, i::sh, j::sw]`` of output size ``out_hw``."""
+    (kh, kw), (sh, sw), (ho, wo) = k, s, out_hw
+    return [
+        x[:, :, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]
+
+
+def im2col(
+    x: pt.TensorVariable,
+    k: tuple[int, int],
+    s: tuple[int, int],
+    p: tuple[int, int],
+    in_hw: tuple[int, int],
+) -> tuple[pt.TensorVariable, tuple[int, int]]:
+    """Patch matrix of ``x`` (b, C, H, W): shape ``(C*kh*kw, b*Ho*Wo)``, rows ordered (C, kh, kw).
+
+    One ``Join`` of ``kh*kw`` strided views writes it; a filter bank reshaped to
+    ``(F, C*kh*kw)`` times this matrix is the convolution (cross-correlation, as in Caffe).
+    """
+    ho = pool_output_size(in_hw[0], k[0], s[0], p[0])
+    wo = pool_output_size(in_hw[1], k[1], s[1], p[1])
+    xp = _pad(x, (p[0], p[0], p[1], p[1]), 0.0)
+    views = [v.dimshuffle(1, "x", 0, 2, 3) for v in _windows(xp, k, s, (ho, wo))]  # (C,1,b,Ho,Wo)
+    cols = views[0] if len(views) == 1 else pt.join(1, *views)  # (C, kh*kw, b, Ho, Wo)
+    return cols.reshape((cols.shape[0] * cols.shape[1], -1)), (ho, wo)
+
+
+class Layer:
+    """Base class: a differentiable map from one (b, *in_shape) tensor to (b, *out_shape).
+
+    Subclasses set ``in_shape``/``out_shape`` (per example, no batch axis) and ``params``
+    (trainable shared variables with unique ``.name``) in ``__init__`` and implement
+    :meth:`forward`. ``updates`` holds non-gradient state updates (e.g. batch-norm running
+    statistics) applied by a training function; ``state`` holds such non-trainable variables.
+
+    Parameters
+    ----------
+    in_shape : tuple of int
+        Shape of one example, e.g. ``(3, 32, 32)``.
+    name : str
+        Prefix of the parameter names.
+    """
+
+    def __init__(self, in_shape: Shape, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"layer name={name!r} must be a non-empty string, e.g. 'conv1'")
+        self.name = name
+        self.in_shape: Shape = tuple(in_shape)
+        self.out_shape: Shape = tuple(in_shape)
+        self.params: list[Any] = []
+        self.state: list[Any] = []
+        self.updates: list[tuple[Any, Any]] = []
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        """Symbolic output for input ``x``; ``train`` enables dropout / batch statistics."""
+        raise NotImplementedError
+
+    def __call__(self, x: pt.TensorVariable, train: bool = False) -> pt.TensorVariable:
+        return self.forward(x, train)
+
+    def flops(self) -> int:
+        """Multiply-add FLOPs (x2) of one example's forward pass through GEMM-like ops."""
+        return 0
+
+    def n_params(self) -> int:
+        """Number of trainable scalars."""
+        return int(sum(p.get_value(borrow=True).size for p in self.params))
+
+    def _param(self, suffix: str, value: np.ndarray) -> Any:
+        value = np.asarray(value, dtype=_floatx())
+        p = pytensor.shared(value, name=f"{self.name}.{suffix}", borrow=True)
+        self.params.append(p)
+        return p
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.in_shape} -> {self.out_shape})"
+
+
+def _he(rng: np.random.Generator, shape: Shape, fan_in: int, std: float | None) -> np.ndarray:
+    scale = np.sqrt(2.0 / fan_in) if std is None else std
+    w = rng.standard_normal(shape, dtype=np.float32)
+    w *= np.float32(scale)
+    return w.astype(_floatx(), copy=False)
+
+
+class Sequential(Layer):
+    """A chain of layers; ``add(cls, *args, **kw)`` appends ``cls(self.out_shape, *args, **kw)``.
+
+    >>> net = Sequential((1, 4, 4), "net")
+    >>> net.add(Conv2D, 2, 3, pad=1, name="c1").add(ReLU).add(Flatten).out_shape
+    (32,)
+    """
+
+    def __init__(self, in_shape: Shape, name: str = "seq", layers: Sequence[Layer] = ()) -> None:
+        super().__init__(in_shape, name)
+        self.layers: list[Layer] = []
+        for layer in layers:
+            self.append(layer)
+
+    def append(self, layer: Layer) -> Sequential:
+        """Append an already built layer (its ``in_shape`` must match ``out_shape``)."""
+        if tuple(layer.in_shape) != self.out_shape:
+            raise ValueError(
+                f"{self.name}: layer {layer!r} takes {layer.in_shape} but the chain gives "
+                f"{self.out_shape}; build it with in_shape={self.out_shape}"
+            )
+        self.layers.append(layer)
+        self.out_shape = layer.out_shape
+        self.params.extend(layer.params)
+        self.state.extend(layer.state)
+        return self
+
+    def add(self, cls: type[Layer], *args: Any, **kw: Any) -> Sequential:
+        """Build ``cls(self.out_shape, *args, **kw)`` and append it; returns ``self``."""
+        return self.append(cls(self.out_shape, *args, **kw))
+
+    @property
+    def updates(self) -> list[tuple[Any, Any]]:  # type: ignore[override]
+        return [u for layer in self.layers for u in layer.updates]
+
+    @updates.setter
+    def updates(self, value: list[tuple[Any, Any]]) -> None:
+        pass
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        for layer in self.layers:
+            x = layer(x, train)
+        return x
+
+    def flops(self) -> int:
+        return sum(layer.flops() for layer in self.layers)
+
+
+class Conv2D(Layer):
+    """2-D convolution (cross-correlation) by im2col + one GEMM per group, plus bias.
+
+    Parameters
+    ----------
+    in_shape : tuple of int
+        ``(C, H, W)`` of one example.
+    n_filters : int
+        Output channels ``F``; ``F`` and ``C`` must be divisible by ``groups``.
+    filter_size, stride, pad : int or pair of int
+        Kernel side, step and zero padding (AlexNet conv1: 11, 4, 0).
+    groups : int
+        Channel groups as in AlexNet's two-GPU split (conv2/4/5 use 2).
+    bias : bool
+        Add a per-channel bias ``b`` (initialised to ``b_init``).
+    rng : numpy Generator, optional
+        Source of the He-normal initial weights (or ``std`` Gaussian if given).
+
+    Examples
+    --------
+    >>> conv = Conv2D((3, 8, 8), 4, 3, stride=2, pad=1, name="c")
+    >>> conv.out_shape, [p.name for p in conv.params], conv.params[0].get_value().shape
+    ((4, 4, 4), ['c.W', 'c.b'], (4, 3, 3, 3))
+    """
+
+    def __init__(
+        self,
+        in_shape: Shape,
+        n_filters: int,
+        filter_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        pad: int | Sequence[int] = 0,
+        groups: int = 1,
+        bias: bool = True,
+        name: str = "conv",
+        rng: np.random.Generator | None = None,
+        std: float | None = None,
+        b_init: float = 0.0,
+    ) -> None:
+        super().__init__(_check_shape(in_shape, 3, name), name)
+        c, h, w = self.in_shape
+        if not isinstance(n_filters, (int, np.integer)) or n_filters < 1:
+            raise ValueError(f"{name}: n_filters={n_filters!r} must be a positive int")
+        if not isinstance(groups, (int, np.integer)) or groups < 1 or c % groups or n_filters % groups:
+            raise ValueError(
+                f"{name}: groups={groups!r} must be a positive int dividing both the input "
+                f"channels ({c}) and n_filters ({n_filters})"
+            )
+        self.k = _pair(filter_size, "filter_size", name)
+        self.s = _pair(stride, "stride", name)
+        self.p = _pair(pad, "pad", name, minimum=0)
+        self.groups = int(groups)
+        self.n_filters = int(n_filters)
+        ho = pool_output_size(h, self.k[0], self.s[0], self.p[0])
+        wo = pool_output_size(w, self.k[1], self.s[1], self.p[1])
+        if ho < 1 or wo < 1:
+            raise ValueError(
+                f"{name}: filter_size={self.k} with pad={self.p} does not fit input {h}x{w}; "
+                "use a smaller filter or more padding"
+            )
+        self.out_shape = (self.n_filters, ho, wo)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        fan_in = (c // self.groups) * self.k[0] * self.k[1]
+        self.W = self._param("W", _he(rng, (self.n_filters, c // self.groups, *self.k), fan_in, std))
+        self.b = self._param("b", np.full(self.n_filters, b_init)) if bias else None
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        c, h, w = self.in_shape
+        f, (ho, wo), g = self.n_filters, self.out_shape[1:], self.groups
+        if self.k == (1, 1) and self.s == (1, 1) and self.p == (0, 0):
+            cols = x.dimshuffle(1, 0, 2, 3).reshape((c, -1))  # 1x1 conv: no patches needed
+        else:
+            cols, _ = im2col(x, self.k, self.s, self.p, (h, w))  # (C*kh*kw, b*Ho*Wo)
+        wmat = self.W.reshape((f, -1))  # (F, C/g*kh*kw)
+        kg, fg = wmat.shape[1], f // g
+        outs = [pt.dot(wmat[i * fg : (i + 1) * fg], cols[i * kg : (i + 1) * kg]) for i in range(g)]
+        out = outs[0] if g == 1 else pt.join(0, *outs)  # (F, b*Ho*Wo)
+        out = out.reshape((f, -1, ho, wo)).dimshuffle(1, 0, 2, 3)
+        if self.b is not None:
+            out = out + self.b.dimshuffle("x", 0, "x", "x")
+        return out
+
+    def flops(self) -> int:
+        c = self.in_shape[0] // self.groups
+        return 2 * int(np.prod(self.out_shape)) * c * self.k[0] * self.k[1]
+
+
+class _Pool(Layer):
+    def __init__(
+        self,
+        in_shape: Shape,
+        pool_size: int | Sequence[int],
+        stride: int | Sequence[int] | None,
+        pad: int | Sequence[int],
+        ceil_mode: bool,
+        name: str,
+    ) -> None:
+        super().__init__(_check_shape(in_shape, 3, name), name)
+        self.k = _pair(pool_size, "pool_size", name)
+        self.s = _pair(self.k if stride is None else stride, "stride", name)
+        self.p = _pair(pad, "pad", name, minimum=0)
+        if self.p[0] >= self.k[0] or self.p[1] >= self.k[1]:
+            raise ValueError(f"{name}: pad={pad!r} must be smaller than pool_size={pool_size!r}")
+        c, h, w = self.in_shape
+        self.ceil_mode = bool(ceil_mode)
+        ho = pool_output_size(h, self.k[0], self.s[0], self.p[0], self.ceil_mode)
+        wo = pool_output_size(w, self.k[1], self.s[1], self.p[1], self.ceil_mode)
+        if ho < 1 or wo < 1:
+            raise ValueError(f"{name}: pool_size={self.k} does not fit input {h}x{w}")
+        self.out_shape = (c, ho, wo)
+        # extra bottom/right padding so that every output window is inside the padded map
+        self._pad4 = (
+            self.p[0],
+            max(0, (ho - 1) * self.s[0] + self.k[0] - h - self.p[0]),
+            self.p[1],
+            max(0, (wo - 1) * self.s[1] + self.k[1] - w - self.p[1]),
+        )
+
+
+class MaxPool2D(_Pool):
+    """Max pooling from ``k*k`` strided slices combined by ``maximum`` (overlapping allowed).
+
+    Padding counts as ``-inf``; ``ceil_mode`` keeps the partial last window (Caffe).
+
+    >>> MaxPool2D((96, 55, 55), 3, stride=2).out_shape
+    (96, 27, 27)
+    """
+
+    def __init__(
+        self,
+        in_shape: Shape,
+        pool_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] | None = None,
+        pad: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+        name: str = "maxpool",
+    ) -> None:
+        super().__init__(in_shape, pool_size, stride, pad, ceil_mode, name)
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        xp = _pad(x, self._pad4, -np.inf)
+        views = _windows(xp, self.k, self.s, self.out_shape[1:])
+        out = views[0]
+        for v in views[1:]:
+            out = pt.maximum(out, v)
+        return out
+
+
+class AvgPool2D(_Pool):
+    """Average pooling from strided slices; zero padding is excluded from the mean.
+
+    >>> AvgPool2D((8, 7, 7), 7, stride=1).out_shape
+    (8, 1, 1)
+    """
+
+    def __init__(
+        self,
+        in_shape: Shape,
+        pool_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] | None = None,
+        pad: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+        name: str = "avgpool",
+    ) -> None:
+        super().__init__(in_shape, pool_size, stride, pad, ceil_mode, name)
+        _, h, w = self.in_shape
+        ones = np.zeros((1, 1, h + self._pad4[0] + self._pad4[1], w + self._pad4[2] + self._pad4[3]))
+        ones[:, :, self._pad4[0] : self._pad4[0] + h, self._pad4[2] : self._pad4[2] + w] = 1
+        (kh, kw), (sh, sw), (ho, wo) = self.k, self.s, self.out_shape[1:]
+        count = sum(
+            ones[:, :, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
+            for i in range(kh)
+            for j in range(kw)
+        )
+        self._inv_count = (1.0 / count).astype(_floatx())
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        xp = _pad(x, self._pad4, 0.0)
+        views = _windows(xp, self.k, self.s, self.out_shape[1:])
+        total = views[0]
+        for v in views[1:]:
+            total = total + v
+        if np.all(self._inv_count == self._inv_count.flat[0]):
+            return total * np.asarray(self._inv_count.flat[0], dtype=_floatx())
+        return total * pt.constant(self._inv_count)
+
+
+class GlobalAvgPool(Layer):
+    """Mean over the spatial axes: ``(b, C, H, W) -> (b, C)``.
+
+    >>> GlobalAvgPool((1024, 7, 7)).out_shape
+    (1024,)
+    """
+
+    def __init__(self, in_shape: Shape, name: str = "gap") -> None:
+        super().__init__(_check_shape(in_shape, 3, name), name)
+        self.out_shape = (self.in_shape[0],)
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return x.mean(axis=(2, 3))
+
+
+class LRN(Layer):
+    """AlexNet's cross-channel local response normalisation.
+
+    ``y_c = x_c / (k + alpha/n * sum_{|c'-c| <= n//2} x_c'^2) ** beta`` (Caffe's convention;
+    Krizhevsky et al. 2012 use n=5, k=2, alpha=1e-4, beta=0.75).
+
+    >>> LRN((96, 27, 27), n=5).out_shape
+    (96, 27, 27)
+    """
+
+    def __init__(
+        self,
+        in_shape: Shape,
+        n: int = 5,
+        k: float = 2.0,
+        alpha: float = 1e-4,
+        beta: float = 0.75,
+        name: str = "lrn",
+    ) -> None:
+        super().__init__(_check_shape(in_shape, 3, name), name)
+        if not isinstance(n, (int, np.integer)) or n < 1 or n % 2 == 0:
+            raise ValueError(f"{name}: n={n!r} must be a positive odd int (window of channels), e.g. 5")
+        if k <= 0 or alpha < 0 or beta < 0:
+            raise ValueError(f"{name}: need k > 0, alpha >= 0, beta >= 0; got k={k!r}, alpha={alpha!r}, beta={beta!r}")
+        self.n, self.k, self.alpha, self.beta = int(n), float(k), float(alpha), float(beta)
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        c, half = self.in_shape[0], self.n // 2
+        sq = pt.sqr(x)
+        if half:
+            b, _, h, w = x.shape
+            padded = pt.alloc(np.asarray(0, dtype=x.dtype), b, c + 2 * half, h, w)
+            sq = pt.set_subtensor(padded[:, half : half + c], sq)
+        total = sq[:, 0:c]
+        for i in range(1, self.n):
+            total = total + sq[:, i : i + c]
+        fx = _floatx()
+        scale = np.asarray(self.k, fx) + np.asarray(self.alpha / self.n, fx) * total
+        return x * scale ** np.asarray(-self.beta, fx)
+
+
+class ReLU(Layer):
+    """Rectifier ``max(x, 0)``; any input shape.
+
+    >>> ReLU((3, 4, 4)).out_shape
+    (3, 4, 4)
+    """
+
+    def __init__(self, in_shape: Shape, name: str = "relu") -> None:
+        super().__init__(in_shape, name)
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return pt.maximum(x, np.asarray(0, dtype=x.dtype))
+
+
+class Dropout(Layer):
+    """Inverted dropout: in training zero each unit with probability ``p`` and scale by
+    ``1/(1-p)``; identity at evaluation. Seeded through its own shared RNG, which the
+    training function advances via ``updates`` (so every step draws a new mask).
+
+    >>> Dropout((10,), p=0.5, seed=1).out_shape
+    (10,)
+    """
+
+    def __init__(self, in_shape: Shape, p: float = 0.5, seed: int = 0, name: str = "dropout") -> None:
+        super().__init__(in_shape, name)
+        if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"{name}: p={p!r} must be a drop probability in [0, 1), e.g. 0.5")
+        self.p = float(p)
+        self.rng = pytensor.shared(np.random.default_rng(seed), name=f"{name}.rng")
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        if not train or self.p == 0.0:
+            return x
+        next_rng, u = pt.random.uniform(
+            0.0, 1.0, size=x.shape, rng=self.rng, dtype=x.dtype, return_next_rng=True
+        )
+        self.updates = [(self.rng, next_rng)]
+        keep = np.asarray(1.0 - self.p, dtype=x.dtype)
+        return pt.switch(pt.lt(u, keep), x / keep, np.asarray(0, dtype=x.dtype))
+
+
+class Flatten(Layer):
+    """``(b, C, H, W) -> (b, C*H*W)``.
+
+    >>> Flatten((256, 6, 6)).out_shape
+    (9216,)
+    """
+
+    def __init__(self, in_shape: Shape, name: str = "flatten") -> None:
+        super().__init__(in_shape, name)
+        self.out_shape = (int(np.prod(self.in_shape)),)
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return x.reshape((x.shape[0], self.out_shape[0]))
+
+
+class Dense(Layer):
+    """Fully connected layer ``x @ W + b`` (``W``: (n_in, n_out)); flattens its input.
+
+    >>> fc = Dense((256, 6, 6), 4096, name="fc6")
+    >>> fc.out_shape, fc.n_params()
+    ((4096,), 37752832)
+    """
+
+    def __init__(
+        self,
+        in_shape: Shape,
+        n_out: int,
+        bias: bool = True,
+        name: str = "fc",
+        rng: np.random.Generator | None = None,
+        std: float | None = None,
+        b_init: float = 0.0,
+    ) -> None:
+        super().__init__(in_shape, name)
+        if not isinstance(n_out, (int, np.integer)) or n_out < 1:
+            raise ValueError(f"{name}: n_out={n_out!r} must be a positive int")
+        self.n_in = int(np.prod(self.in_shape))
+        self.out_shape = (int(n_out),)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        self.W = self._param("W", _he(rng, (self.n_in, int(n_out)), self.n_in, std))
+        self.b = self._param("b", np.full(int(n_out), b_init)) if bias else None
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        if x.ndim != 2:
+            x = x.reshape((x.shape[0], self.n_in))
+        out = pt.dot(x, self.W)
+        return out + self.b if self.b is not None else out
+
+    def flops(self) -> int:
+        return 2 * self.n_in * self.out_shape[0]
+
+
+class Softmax(Layer):
+    """Row-wise softmax of ``(b, n)`` scores.
+
+    >>> Softmax((10,)).out_shape
+    (10,)
+    """
+
+    def __init__(self, in_shape: Shape, name: str = "softmax") -> None:
+        super().__init__(_check_shape(in_shape, 1, name), name)
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return softmax(x, axis=-1)
+
+
+class Concat(Layer):
+    """Apply parallel branches to one input and concatenate their outputs on the channel axis
+    (GoogLeNet's inception module). Branches are layers whose ``in_shape`` is this layer's.
+
+    >>> a = Conv2D((8, 5, 5), 4, 1, name="a")
+    >>> b = Sequential((8, 5, 5), "b").add(Conv2D, 2, 3, pad=1, name="b1")
+    >>> Concat((8, 5, 5), [a, b], name="mix").out_shape
+    (6, 5, 5)
+    """
+
+    def __init__(self, in_shape: Shape, branches: Sequence[Layer], name: str = "concat") -> None:
+        super().__init__(in_shape, name)
+        if not branches:
+            raise ValueError(f"{name}: branches={branches!r} must be a non-empty list of layers")
+        spatial = {tuple(b.out_shape[1:]) for b in branches}
+        if any(tuple(b.in_shape) != self.in_shape for b in branches) or len(spatial) != 1:
+            shapes = [(b.in_shape, b.out_shape) for b in branches]
+            raise ValueError(
+                f"{name}: every branch must take {self.in_shape} and give the same spatial size; "
+                f"got (in, out) = {shapes}"
+            )
+        self.branches = list(branches)
+        self.out_shape = (sum(b.out_shape[0] for b in branches), *spatial.pop())
+        for b in self.branches:
+            self.params.extend(b.params)
+            self.state.extend(b.state)
+
+    @property
+    def updates(self) -> list[tuple[Any, Any]]:  # type: ignore[override]
+        return [u for b in self.branches for u in b.updates]
+
+    @updates.setter
+    def updates(self, value: list[tuple[Any, Any]]) -> None:
+        pass
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return pt.join(1, *[b(x, train) for b in self.branches])
+
+    def flops(self) -> int:
+        return sum(b.flops() for b in self.branches)
+
+
+class BatchNorm(Layer):
+    """Batch normalisation over all axes but the channel axis (axis 1).
+
+    Training uses batch statistics and updates the running ``mean``/``var`` (in ``state``,
+    applied through ``updates``); evaluation uses the running values.
+
+    >>> bn = BatchNorm((16, 8, 8), name="bn1")
+    >>> [p.name for p in bn.params], [s.name for s in bn.state]
+    (['bn1.gamma', 'bn1.beta'], ['bn1.mean', 'bn1.var'])
+    """
+
+    def __init__(
+        self, in_shape: Shape, eps: float = 1e-5, momentum: float = 0.1, name: str = "bn"
+    ) -> None:
+        super().__init__(in_shape, name)
+        if not 0.0 < momentum <= 1.0:
+            raise ValueError(f"{name}: momentum={momentum!r} must be in (0, 1], e.g. 0.1")
+        if eps <= 0:
+            raise ValueError(f"{name}: eps={eps!r} must be positive, e.g. 1e-5")
+        c = self.in_shape[0]
+        self.eps, self.momentum = float(eps), float(momentum)
+        self.gamma = self._param("gamma", np.ones(c))
+        self.beta = self._param("beta", np.zeros(c))
+        fx = _floatx()
+        self.mean = pytensor.shared(np.zeros(c, fx), name=f"{name}.mean")
+        self.var = pytensor.shared(np.ones(c, fx), name=f"{name}.var")
+        self.state = [self.mean, self.var]
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        axes = tuple(i for i in range(x.ndim) if i != 1)
+        pattern = ["x"] * x.ndim
+        pattern[1] = 0
+
+        def bc(v: Any) -> Any:
+            return v.dimshuffle(*pattern)
+
+        fx = _floatx()
+        if train:
+            mean, var = x.mean(axis=axes), x.var(axis=axes)
+            m = np.asarray(self.momentum, fx)
+            self.updates = [
+                (self.mean, (1 - m) * self.mean + m * mean),
+                (self.var, (1 - m) * self.var + m * var),
+            ]
+        else:
+            mean, var = self.mean, self.var
+        inv = self.gamma / pt.sqrt(var + np.asarray(self.eps, fx))
+        return (x - bc(mean)) * bc(inv) + bc(self.beta)

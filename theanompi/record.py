@@ -1,0 +1,124 @@
+"""The training record: one JSON object per line (``<record_dir>/record.jsonl``).
+
+Each line has a ``kind``: ``"start"`` (run settings), ``"step"`` (a window of
+``print_freq`` steps: loss, error, images/s, ms in compute / exchange / data
+wait, lr), ``"epoch"`` (train and val metrics of a finished epoch) or ``"end"``.
+Lines are flushed as written, so a crashed run keeps everything up to its last
+step; :func:`read_record` skips a torn last line.
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> with RecordWriter(d) as rec:
+...     rec.write("epoch", epoch=0, val_top1_err=0.1)
+>>> [r["kind"] for r in read_record(d)]
+['epoch']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from theanompi.io import atomic_write
+
+__all__ = ["RECORD_NAME", "RecordWriter", "read_record", "record_file"]
+
+RECORD_NAME = "record.jsonl"
+
+
+def record_file(path: str | Path) -> Path:
+    """The record file for a record dir, a run dir (``<run>/record/record.jsonl``) or a file path."""
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        return p
+    if (p / RECORD_NAME).exists() or not (p / "record" / RECORD_NAME).exists():
+        return p / RECORD_NAME
+    return p / "record" / RECORD_NAME
+
+
+def read_record(path: str | Path) -> list[dict[str, Any]]:
+    """All entries of a record (see :func:`record_file` for ``path``); ``[]`` if none."""
+    f = record_file(path)
+    if not f.exists():
+        return []
+    out = []
+    for line in f.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line of a killed run
+            continue
+    return out
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe value: numpy scalars to Python, NaN/inf to None."""
+    if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
+        try:
+            v = v.item()
+        except (ValueError, TypeError):
+            pass
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+class RecordWriter:
+    """Append JSON lines to ``<record_dir>/record.jsonl``; a no-op when ``enabled`` is False.
+
+    Parameters
+    ----------
+    record_dir : folder to write ``record.jsonl`` in (created).
+    enabled : write at all (pass ``rank == 0``).
+    keep_before_epoch : on resume, first drop entries of epochs ``>=`` this one (they
+        belong to the unfinished epoch that is about to be re-run); ``None`` starts
+        a fresh record (an existing one is replaced).
+    """
+
+    def __init__(
+        self, record_dir: str | Path, *, enabled: bool = True, keep_before_epoch: int | None = None
+    ) -> None:
+        self.path = Path(record_dir) / RECORD_NAME
+        self.enabled = enabled
+        self._fh = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_before_epoch is None:
+            kept: list[dict[str, Any]] = []
+        else:
+            kept = [
+                r for r in read_record(self.path) if int(r.get("epoch", -1)) < keep_before_epoch
+                or r.get("kind") == "start"
+            ]
+        with atomic_write(self.path) as tmp:
+            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        self._fh = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+
+    def write(self, kind: str, **fields: Any) -> None:
+        """Append one entry ``{"kind": kind, "time": <unix s>, **fields}`` and flush."""
+        if self._fh is None:
+            return
+        entry = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
+        self._fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
