@@ -183,7 +183,7 @@ def _do_mean(out: Path) -> None:
 
     m = stage.run(out)
     _log(
-        f"mean: {out / 'misc' / 'img_mean.npy'} {tuple(m.shape)}, per-channel {m.mean(axis=(1, 2)).round(2).tolist()}"
+        f"mean: {out / 'misc' / 'img_mean.npy'} {tuple(m.shape)}, per-channel mean {', '.join(f'{v:.2f}' for v in m.mean(axis=(1, 2)))}"
     )
 
 

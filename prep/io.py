@@ -94,7 +94,7 @@ def batch_files(out: PathLike, split: str) -> list[Path]:
     """
     man = read_manifest(out)
     info = man[split]
-    folder = Path(out) / info["dir"]
+    folder = Path(out) / info.get("dir", batch_dir(out, split, int(man["batch_size"])).name)
     n = int(info["n_batches"])
     files = [folder / batch_name(i, n) for i in range(n)]
     missing = [f for f in files if not f.exists()]

@@ -65,8 +65,16 @@ def write_dataset(
         mean = np.concatenate(all_imgs).astype(np.float32).mean(axis=0)
     np.save(misc / "img_mean.npy", mean)
     (misc / "synsets.txt").write_text("".join(f"{k} n{k:08d} class{k}\n" for k in range(n_classes)))
-    manifest = {"batch_size": B, "size": S, "layout": layout, "n_classes": n_classes, **info,
-                "seed": seed, "skipped": [], "checksum": "test"}
+    manifest = {
+        "batch_size": B,
+        "size": S,
+        "layout": layout,
+        "n_classes": n_classes,
+        **info,
+        "seed": seed,
+        "skipped": [],
+        "checksum": "test",
+    }
     (misc / "manifest.json").write_text(json.dumps(manifest))
     return out
 

@@ -48,7 +48,9 @@ def dataset_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     return {"images": imgs, "labels": labels, "ranks": ranks, "logits": logits}
 
 
-def write_dataset(root: Path, layout: str = "c01b", val_label_extra: int = 0) -> dict[str, np.ndarray]:
+def write_dataset(
+    root: Path, layout: str = "c01b", val_label_extra: int = 0
+) -> dict[str, np.ndarray]:
     """Write a prep-format folder at ``root`` (val = the hand dataset, train = a copy).
 
     ``val_label_extra`` appends that many labels to val_labels.npy (to test the count check).
@@ -72,7 +74,9 @@ def write_dataset(root: Path, layout: str = "c01b", val_label_extra: int = 0) ->
             hickle.dump(batch, str(d / f"{f:04d}.hkl"))
     (root / "labels").mkdir(exist_ok=True)
     (root / "misc").mkdir(exist_ok=True)
-    np.save(root / "labels" / "train_labels.npy", np.where(labels_p < 0, 0, labels_p).astype(np.int32))
+    np.save(
+        root / "labels" / "train_labels.npy", np.where(labels_p < 0, 0, labels_p).astype(np.int32)
+    )
     val = np.concatenate([labels_p, np.zeros(val_label_extra, np.int32)])
     np.save(root / "labels" / "val_labels.npy", val.astype(np.int32))
     np.save(root / "misc" / "img_mean.npy", np.full((3, S, S), MEAN, np.float32))
@@ -99,7 +103,14 @@ def model_yaml(path: Path, name: str = "mlp", **extra: Any) -> Path:
     """A model YAML matching the hand dataset (crop CROP, K classes, sub-batch SUB_B)."""
     import yaml
 
-    body = {"name": name, "input_size": CROP, "channels": 3, "n_classes": K, "batch_size": SUB_B, **extra}
+    body = {
+        "name": name,
+        "input_size": CROP,
+        "channels": 3,
+        "n_classes": K,
+        "batch_size": SUB_B,
+        **extra,
+    }
     path.write_text(yaml.safe_dump(body))
     return path
 

@@ -23,8 +23,12 @@ from theanompi.errors import ConfigError, DataError
 class Model:
     def __init__(self, shapes: dict[str, tuple[int, ...]], seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
-        self.params = [pytensor.shared(rng.random(s).astype(np.float32), name=n) for n, s in shapes.items()]
-        self.opt_state = [pytensor.shared(np.zeros(s, np.float32), name=f"{n}.v") for n, s in shapes.items()]
+        self.params = [
+            pytensor.shared(rng.random(s).astype(np.float32), name=n) for n, s in shapes.items()
+        ]
+        self.opt_state = [
+            pytensor.shared(np.zeros(s, np.float32), name=f"{n}.v") for n, s in shapes.items()
+        ]
 
 
 SHAPES = {"conv1.W": (4, 3, 3, 3), "conv1.b": (4,), "fc.W": (36, 10)}
@@ -33,8 +37,13 @@ SHAPES = {"conv1.W": (4, 3, 3, 3), "conv1.b": (4,), "fc.W": (36, 10)}
 def test_round_trip_restores_values_and_meta(tmp_path: Path) -> None:
     src = Model(SHAPES, seed=1)
     src.opt_state[0].set_value(np.full((4, 3, 3, 3), 0.5, np.float32))
-    meta = {"epoch": 3, "step": 120, "config": {"model": {"name": "x"}}, "rng": [{"a": 2**70}],
-            "val": {"val_top1_err": np.float32(0.25)}}
+    meta = {
+        "epoch": 3,
+        "step": 120,
+        "config": {"model": {"name": "x"}},
+        "rng": [{"a": 2**70}],
+        "val": {"val_top1_err": np.float32(0.25)},
+    }
     path = save_checkpoint(checkpoint_path(tmp_path, 3), src, meta)
     assert path.name == "epoch_0003.npz"
     ck = load_checkpoint(path)
@@ -54,7 +63,11 @@ def test_latest_ignores_temp_and_side_files(tmp_path: Path) -> None:
         save_checkpoint(checkpoint_path(tmp_path, e), m, {"epoch": e})
     (tmp_path / ".epoch_0011.x.tmp.npz").write_bytes(b"partial")
     rank_state_path(checkpoint_path(tmp_path, 12), 1).write_bytes(b"side")
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["epoch_0001.npz", "epoch_0002.npz", "epoch_0010.npz"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "epoch_0001.npz",
+        "epoch_0002.npz",
+        "epoch_0010.npz",
+    ]
     assert latest_checkpoint(tmp_path).name == "epoch_0010.npz"
 
 
@@ -77,7 +90,9 @@ def test_failed_save_keeps_the_previous_file(tmp_path: Path, monkeypatch) -> Non
 def test_shape_mismatch_names_the_parameter(tmp_path: Path) -> None:
     path = save_checkpoint(checkpoint_path(tmp_path, 1), Model(SHAPES), {"epoch": 1})
     other = Model({**SHAPES, "fc.W": (36, 5)})
-    with pytest.raises(ConfigError, match=r"param 'fc.W' has shape \(36, 10\) in the checkpoint but \(36, 5\)") as e:
+    with pytest.raises(
+        ConfigError, match=r"param 'fc.W' has shape \(36, 10\) in the checkpoint but \(36, 5\)"
+    ) as e:
         apply_checkpoint(other, load_checkpoint(path))
     assert "\n" not in str(e.value)
 

@@ -62,7 +62,9 @@ def hand_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model = hand.HandModel()
     for var, value in zip(model.params, hand.true_params(), strict=True):
         var.set_value(value)
-    ckpt = save_checkpoint(checkpoint_path(root / "run" / "checkpoints", 2), model, {"epoch": 2, "step": 0})
+    ckpt = save_checkpoint(
+        checkpoint_path(root / "run" / "checkpoints", 2), model, {"epoch": 2, "step": 0}
+    )
     return {"root": root, "arrs": arrs, "ckpt": ckpt, "yaml": hand.model_yaml(root / "hand.yaml")}
 
 
@@ -100,16 +102,34 @@ def _mlp_checkpoint(root: Path, hidden: list[int], epoch: int = 1) -> Path:
     from theanompi.checkpoint import checkpoint_path, save_checkpoint
     from theanompi.models import create_model
 
-    section = {"name": "mlp", "input_size": hand.CROP, "channels": 3, "n_classes": hand.K,
-               "batch_size": hand.SUB_B, "arch": {"hidden": hidden, "seed": 5}}
+    section = {
+        "name": "mlp",
+        "input_size": hand.CROP,
+        "channels": 3,
+        "n_classes": hand.K,
+        "batch_size": hand.SUB_B,
+        "arch": {"hidden": hidden, "seed": 5},
+    }
     model = create_model(section)
     meta = {"epoch": epoch, "step": 0, "config": {"model": section}}
     return save_checkpoint(checkpoint_path(root / "checkpoints", epoch), model, meta)
 
 
 def _eval_args(data: Path, run: Path, yaml_path: Path, *extra: str) -> list[str]:
-    return ["eval", "--model", str(yaml_path), "--data", str(data), "--run-dir", str(run),
-            "--set", f"data.file_batch_size={hand.B}", "--set", f"data.image_size={hand.S}", *extra]
+    return [
+        "eval",
+        "--model",
+        str(yaml_path),
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        "--set",
+        f"data.file_batch_size={hand.B}",
+        "--set",
+        f"data.image_size={hand.S}",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +145,18 @@ def mlp_run(hand_run) -> dict:
 def test_cli_eval_same_report_for_n_1_and_2(cli, mlp_run) -> None:
     reports = {}
     for n in (1, 2):
-        out = cli(*_eval_args(mlp_run["data"], mlp_run["run"], mlp_run["yaml"], "-n", str(n),
-                              "--per-class", "--save-predictions"), timeout=240)
+        out = cli(
+            *_eval_args(
+                mlp_run["data"],
+                mlp_run["run"],
+                mlp_run["yaml"],
+                "-n",
+                str(n),
+                "--per-class",
+                "--save-predictions",
+            ),
+            timeout=240,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         assert "top-1 error" in out.stdout and "n00000009" in out.stdout
         rep = json.loads((mlp_run["run"] / "checkpoints" / "epoch_0001.eval.json").read_text())

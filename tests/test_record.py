@@ -41,7 +41,13 @@ def test_resume_drops_entries_of_rerun_epochs(tmp_path: Path) -> None:
         rec.write("step", epoch=2, loss=0.5)
     rows = read_record(tmp_path)
     assert [(r["kind"], r.get("epoch")) for r in rows] == [
-        ("start", None), ("step", 0), ("epoch", 0), ("step", 1), ("epoch", 1), ("step", 2)]
+        ("start", None),
+        ("step", 0),
+        ("epoch", 0),
+        ("step", 1),
+        ("epoch", 1),
+        ("step", 2),
+    ]
     assert math.isclose(rows[-1]["loss"], 0.5)
 
 

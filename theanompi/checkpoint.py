@@ -146,7 +146,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint`; ``DataError`` if missing or corrupt."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"checkpoint {str(path)!r} not found; check the path or list the checkpoint dir")
+        raise DataError(
+            f"checkpoint {str(path)!r} not found; check the path or list the checkpoint dir"
+        )
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"][()]))
@@ -167,19 +169,27 @@ def _check_match(
     model_vals = array_values(model_items)
     for i, (mn, mv) in enumerate(zip(model_names, model_vals, strict=False)):
         if i >= len(arrays):
-            raise ConfigError(f"{where}: model {kind} {mn!r} is missing from the checkpoint; "
-                              "it was written by a different model config")
+            raise ConfigError(
+                f"{where}: model {kind} {mn!r} is missing from the checkpoint; "
+                "it was written by a different model config"
+            )
         if i < len(names) and names[i] != mn:
-            raise ConfigError(f"{where}: {kind} #{i} is {names[i]!r} in the checkpoint but {mn!r} "
-                              "in the model; use the model config the checkpoint was trained with")
+            raise ConfigError(
+                f"{where}: {kind} #{i} is {names[i]!r} in the checkpoint but {mn!r} "
+                "in the model; use the model config the checkpoint was trained with"
+            )
         if tuple(arrays[i].shape) != tuple(mv.shape):
-            raise ConfigError(f"{where}: {kind} {mn!r} has shape {tuple(arrays[i].shape)} in the "
-                              f"checkpoint but {tuple(mv.shape)} in the model; use the model "
-                              "config the checkpoint was trained with")
+            raise ConfigError(
+                f"{where}: {kind} {mn!r} has shape {tuple(arrays[i].shape)} in the "
+                f"checkpoint but {tuple(mv.shape)} in the model; use the model "
+                "config the checkpoint was trained with"
+            )
     if len(arrays) > len(model_vals):
         extra = names[len(model_vals)] if len(names) > len(model_vals) else f"#{len(model_vals)}"
-        raise ConfigError(f"{where}: checkpoint {kind} {extra!r} does not exist in the model; "
-                          "use the model config the checkpoint was trained with")
+        raise ConfigError(
+            f"{where}: checkpoint {kind} {extra!r} does not exist in the model; "
+            "use the model config the checkpoint was trained with"
+        )
 
 
 def apply_checkpoint(model: Any, ckpt: Checkpoint, *, opt_state: bool = True) -> None:

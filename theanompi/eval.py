@@ -254,7 +254,9 @@ def _check_val_folder(cfg: Any) -> None:
     info = man.get("val") or {}
     folder = root / str(info.get("dir", f"val_hkl_b{man.get('batch_size', '?')}"))
     if not info or not folder.is_dir():
-        raise DataError(f"val folder {str(folder)!r} not found; rerun `tmpi prep batch --out {root}`")
+        raise DataError(
+            f"val folder {str(folder)!r} not found; rerun `tmpi prep batch --out {root}`"
+        )
 
 
 def _synsets(cfg: Any, K: int) -> list[tuple[str, str]]:
@@ -285,7 +287,9 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", f"{'class':>5} {'wnid':<12} {'name':<20} {'images':>7} {'top-1 acc':>10}"]
         for c in report["per_class"]:
             acc = "-" if c["top1_accuracy"] is None else f"{100 * c['top1_accuracy']:.2f} %"
-            lines.append(f"{c['index']:>5} {c['wnid']:<12} {c['name'][:20]:<20} {c['images']:>7} {acc:>10}")
+            lines.append(
+                f"{c['index']:>5} {c['wnid']:<12} {c['name'][:20]:<20} {c['images']:>7} {acc:>10}"
+            )
     return "\n".join(lines)
 
 
@@ -370,7 +374,10 @@ def run(
             "data": str(cfg.data.dir),
             "ranks": size,
             "batch_size": loader.batch_size,
-            **{k: res[k] for k in ("images", "top1_error", "top5_error", "loss", "seconds", "images_per_s")},
+            **{
+                k: res[k]
+                for k in ("images", "top1_error", "top5_error", "loss", "seconds", "images_per_s")
+            },
         }
         if per_class:
             names = _synsets(cfg, K)
@@ -382,7 +389,9 @@ def run(
                     "images": int(res["class_images"][c]),
                     "top1_correct": int(res["class_top1"][c]),
                     "top1_accuracy": (
-                        float(res["class_top1"][c] / res["class_images"][c]) if res["class_images"][c] else None
+                        float(res["class_top1"][c] / res["class_images"][c])
+                        if res["class_images"][c]
+                        else None
                     ),
                 }
                 for c in range(K)

@@ -97,8 +97,9 @@ class RecordWriter:
             kept: list[dict[str, Any]] = []
         else:
             kept = [
-                r for r in read_record(self.path) if int(r.get("epoch", -1)) < keep_before_epoch
-                or r.get("kind") == "start"
+                r
+                for r in read_record(self.path)
+                if int(r.get("epoch", -1)) < keep_before_epoch or r.get("kind") == "start"
             ]
         with atomic_write(self.path) as tmp:
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))

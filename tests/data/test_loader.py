@@ -82,8 +82,12 @@ def test_augmentation_is_reproducible_and_resumable(data: Path, tmp_path: Path) 
         np.testing.assert_array_equal(p, q)
 
 
-def _reference(img: np.ndarray, mean: np.ndarray, r: int, c: int, crop: int, flip: bool) -> np.ndarray:
-    out = img[:, r : r + crop, c : c + crop].astype(np.float32) - mean[:, r : r + crop, c : c + crop]
+def _reference(
+    img: np.ndarray, mean: np.ndarray, r: int, c: int, crop: int, flip: bool
+) -> np.ndarray:
+    out = (
+        img[:, r : r + crop, c : c + crop].astype(np.float32) - mean[:, r : r + crop, c : c + crop]
+    )
     return out[..., ::-1] if flip else out
 
 
@@ -180,7 +184,9 @@ def test_prefetcher_runs_ahead_and_closes_early() -> None:
 def test_manifest_mismatch_is_one_line_config_error(data: Path, tmp_path: Path) -> None:
     cfg = _cfg(data, tmp_path)
     cfg.data["file_batch_size"] = 32
-    with pytest.raises(ConfigError, match=r"data.file_batch_size=32 .* says 16; pass --set data.file_batch_size=16"):
+    with pytest.raises(
+        ConfigError, match=r"data.file_batch_size=32 .* says 16; pass --set data.file_batch_size=16"
+    ):
         TrainLoader(cfg, 0, 1)
 
 

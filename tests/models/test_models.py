@@ -6,6 +6,7 @@ import gc
 
 import numpy as np
 import pytest
+from pytensor.compile.mode import Mode
 
 from theanompi.config import load_config
 from theanompi.errors import ConfigError
@@ -54,10 +55,16 @@ TINY = {
 }
 
 
+# the C compile of a whole net takes minutes cold; small_cnn/mlp cover the C path end to end
+# (test_small_cnn.py, "mlp" here) and test_layers.py compiles conv+LRN+pool in C. The deeper
+# nets run the very same graph on PyTensor's Python linker (numpy perform, no gcc).
+PY = Mode(linker="py", optimizer="fast_compile")
+
+
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_tiny_variant_output_shape_and_one_sgd_step_lowers_loss(name):
     sec = {"name": name, "channels": 3, "n_classes": 10, "learning_rate": 0.01, **TINY[name]}
-    m = create_model(sec).build(8)
+    m = create_model(sec).build(8, mode=None if name == "mlp" else PY)
     rng = np.random.default_rng(0)
     x = rng.normal(0, 60, (8, *m.input_shape)).astype(np.float32)
     y = rng.integers(0, 10, 8).astype(np.int32)

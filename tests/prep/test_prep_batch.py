@@ -13,7 +13,7 @@ from prep import batch, io, labels, shuffle
 from theanompi.errors import ConfigError
 
 
-def test_batches_match_independent_decode(tree, prepped: Path) -> None:
+def test_batches_match_independent_decode(fx, tree, prepped: Path) -> None:
     root, _ = tree
     man = io.read_manifest(prepped)
     assert man["layout"] == "c01b" and man["batch_size"] == fx.B and man["size"] == fx.S
@@ -30,7 +30,7 @@ def test_batches_match_independent_decode(tree, prepped: Path) -> None:
             )
 
 
-def test_val_is_padded(tree, prepped: Path) -> None:
+def test_val_is_padded(fx, tree, prepped: Path) -> None:
     root, expect = tree
     man = io.read_manifest(prepped)
     assert man["val"]["n_batches"] == 2 and man["val"]["n_padded"] == 3
@@ -43,7 +43,7 @@ def test_val_is_padded(tree, prepped: Path) -> None:
     )
 
 
-def test_exif_rotation_applied(tree) -> None:
+def test_exif_rotation_applied(fx, tree) -> None:
     root, _ = tree
     arr = batch.load_image(root / "train" / "n01000002" / "n01000002_3.JPEG", fx.S)
     with Image.open(root / "train" / "n01000002" / "n01000002_3.JPEG") as im:
@@ -56,11 +56,9 @@ def test_exif_rotation_applied(tree) -> None:
     )
 
 
-def test_large_jpeg_uses_draft_and_stays_close(tmp_path: Path) -> None:
-    from conftest import _photo
-
+def test_large_jpeg_uses_draft_and_stays_close(fx, tmp_path: Path) -> None:
     path = tmp_path / "big.JPEG"
-    _photo(640, 480, 3).save(path, quality=90)
+    fx.photo(640, 480, 3).save(path, quality=90)
     with Image.open(path) as im:
         im.draft("RGB", (64, 64))
         assert im.size == (160, 120)  # DCT-scaled 1/4
@@ -69,12 +67,18 @@ def test_large_jpeg_uses_draft_and_stays_close(tmp_path: Path) -> None:
     assert np.abs(ours - ref).mean() < 4.0
 
 
-def test_bc01_layout_and_pad_drop(tree, tmp_path: Path, prepped: Path) -> None:
+def test_bc01_layout_and_pad_drop(fx, tree, tmp_path: Path, prepped: Path) -> None:
     for sub in ("misc/scan.json", "misc/shuffle.json", "misc/shuffled_train_filenames.txt"):
         (tmp_path / sub).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(prepped / sub, tmp_path / sub)
     batch.run(
-        tmp_path, batch_size=fx.B, size=fx.S, layout="bc01", last="pad", val_last="drop", progress=False
+        tmp_path,
+        batch_size=fx.B,
+        size=fx.S,
+        layout="bc01",
+        last="pad",
+        val_last="drop",
+        progress=False,
     )
     man = io.read_manifest(tmp_path)
     assert man["train"]["n_batches"] == 4 and man["train"]["n_padded"] == 2
@@ -88,7 +92,7 @@ def test_bc01_layout_and_pad_drop(tree, tmp_path: Path, prepped: Path) -> None:
     assert lab.shape == (16,) and (lab[-2:] == -1).all() and (lab[:-2] >= 0).all()
 
 
-def test_resume_and_stale_plan(prepped: Path, tmp_path: Path) -> None:
+def test_resume_and_stale_plan(fx, prepped: Path, tmp_path: Path) -> None:
     out = tmp_path / "d"
     shutil.copytree(prepped, out)
     files = io.batch_files(out, "train")
@@ -112,6 +116,6 @@ def test_resume_and_stale_plan(prepped: Path, tmp_path: Path) -> None:
         ({"last": "keep"}, "--last"),
     ],
 )
-def test_bad_options(prepped: Path, kw: dict, match: str) -> None:
+def test_bad_options(fx, prepped: Path, kw: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         batch.run(prepped, **({"batch_size": fx.B, "size": fx.S} | kw), progress=False)

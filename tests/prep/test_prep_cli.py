@@ -37,14 +37,14 @@ def test_missing_folder(cli, tmp_path: Path) -> None:
     assert proc.returncode == 3
 
 
-def test_empty_class_folder(cli, tmp_path: Path) -> None:
+def test_empty_class_folder(fx, cli, tmp_path: Path) -> None:
     fx.make_tree(tmp_path / "src")
     (tmp_path / "src" / "train" / "n01000009").mkdir()
     proc = cli("prep", "scan", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "o"))
     _one_error_line(proc, "empty class folder")
 
 
-def test_ground_truth_count_mismatch(cli, tmp_path: Path) -> None:
+def test_ground_truth_count_mismatch(fx, cli, tmp_path: Path) -> None:
     fx.make_tree(tmp_path / "src")
     (tmp_path / "src" / "val_ground_truth.txt").write_text("1\n2\n")
     proc = cli("prep", "all", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "o"))
@@ -76,7 +76,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.mpi
-def test_one_and_two_ranks_byte_identical_and_resume(cli, mpirun, tmp_path: Path) -> None:
+def test_one_and_two_ranks_byte_identical_and_resume(fx, cli, mpirun, tmp_path: Path) -> None:
     fx.make_tree(tmp_path / "src")
     src = str(tmp_path / "src")
     one, two = tmp_path / "one", tmp_path / "two"

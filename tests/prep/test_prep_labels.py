@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from prep import io
 
 
-def test_train_labels_match_folder_names(prepped: Path) -> None:
+def test_train_labels_match_folder_names(fx, prepped: Path) -> None:
     lab = io.load_labels(prepped, "train")
     synsets = io.load_synsets(prepped)
     order = (prepped / "misc" / "shuffled_train_filenames.txt").read_text().splitlines()

@@ -9,7 +9,7 @@ import numpy as np
 from prep import io
 
 
-def test_mean_matches_numpy(tree, prepped: Path) -> None:
+def test_mean_matches_numpy(fx, tree, prepped: Path) -> None:
     root, _ = tree
     man = io.read_manifest(prepped)
     order = (prepped / "misc" / "shuffled_train_filenames.txt").read_text().splitlines()

@@ -11,7 +11,7 @@ from theanompi.errors import DataError
 
 
 @pytest.mark.parametrize("gt", ["positional1", "positional0", "named", "wnid", "folders"])
-def test_ground_truth_formats(tmp_path: Path, gt: str) -> None:
+def test_ground_truth_formats(fx, tmp_path: Path, gt: str) -> None:
     expect = fx.make_tree(tmp_path / "src", gt)
     res = scan.run(tmp_path / "src", tmp_path / "out")
     assert [c[0] for c in res["classes"]] == fx.WNIDS
@@ -21,7 +21,7 @@ def test_ground_truth_formats(tmp_path: Path, gt: str) -> None:
     assert all(s["reason"] for s in res["skipped"])
 
 
-def test_train_labels_follow_folders(tree) -> None:
+def test_train_labels_follow_folders(fx, tree) -> None:
     root, _ = tree
     res = scan.list_tree(root)
     for rel, label in res["train"]:
@@ -29,13 +29,13 @@ def test_train_labels_follow_folders(tree) -> None:
     assert not any(".DS_Store" in rel for rel, _ in res["train"])
 
 
-def test_synsets_file(tree, tmp_path: Path) -> None:
+def test_synsets_file(fx, tree, tmp_path: Path) -> None:
     scan.run(tree[0], tmp_path)
     lines = (tmp_path / "misc" / "synsets.txt").read_text().splitlines()
     assert lines == [f"{i} {w} thing {i}, object {i}" for i, w in enumerate(fx.WNIDS)]
 
 
-def test_check_image(tree) -> None:
+def test_check_image(fx, tree) -> None:
     root, _ = tree
     assert scan.check_image(root / "train" / fx.WNIDS[0] / f"{fx.WNIDS[0]}_0.JPEG") is None
     assert "truncated" in scan.check_image(root / "train" / fx.WNIDS[2] / f"{fx.WNIDS[2]}_9.JPEG")
@@ -49,14 +49,14 @@ def test_missing_folder(tmp_path: Path) -> None:
         scan.list_tree(tmp_path)
 
 
-def test_empty_class_folder(tmp_path: Path) -> None:
+def test_empty_class_folder(fx, tmp_path: Path) -> None:
     fx.make_tree(tmp_path)
     (tmp_path / "train" / "n01000009").mkdir()
     with pytest.raises(DataError, match="empty class folder .*n01000009"):
         scan.list_tree(tmp_path)
 
 
-def test_ground_truth_count_mismatch(tmp_path: Path) -> None:
+def test_ground_truth_count_mismatch(fx, tmp_path: Path) -> None:
     fx.make_tree(tmp_path)
     gt = tmp_path / "val_ground_truth.txt"
     gt.write_text("\n".join(gt.read_text().split()[:-1]) + "\n")
@@ -64,7 +64,7 @@ def test_ground_truth_count_mismatch(tmp_path: Path) -> None:
         scan.list_tree(tmp_path)
 
 
-def test_ground_truth_unknown_wnid_and_range(tmp_path: Path) -> None:
+def test_ground_truth_unknown_wnid_and_range(fx, tmp_path: Path) -> None:
     fx.make_tree(tmp_path, "wnid")
     gt = tmp_path / "val_ground_truth.txt"
     gt.write_text(gt.read_text().replace(fx.WNIDS[0], "n07777777"))
@@ -75,7 +75,7 @@ def test_ground_truth_unknown_wnid_and_range(tmp_path: Path) -> None:
         scan.list_tree(tmp_path)
 
 
-def test_devkit_meta_mat_maps_ilsvrc_ids(tmp_path: Path) -> None:
+def test_devkit_meta_mat_maps_ilsvrc_ids(fx, tmp_path: Path) -> None:
     """Beside a devkit meta.mat, integer labels are ILSVRC2012_IDs, not sorted-wnid ranks."""
     import numpy as np
     from scipy.io import savemat

@@ -30,8 +30,13 @@ class FakeModel:
             pytensor.shared((init.standard_normal((f, k)) * 0.01).astype(np.float32), name="fc.W"),
             pytensor.shared(np.zeros(k, np.float32), name="fc.b"),
         ]
-        self.opt_state = [pytensor.shared(np.zeros_like(p.get_value()), name=f"{p.name}.v") for p in self.params]
-        self.grads = [pytensor.shared(np.zeros_like(p.get_value()), name=f"{p.name}.grad") for p in self.params]
+        self.opt_state = [
+            pytensor.shared(np.zeros_like(p.get_value()), name=f"{p.name}.v") for p in self.params
+        ]
+        self.grads = [
+            pytensor.shared(np.zeros_like(p.get_value()), name=f"{p.name}.grad")
+            for p in self.params
+        ]
         self.lr = pytensor.shared(np.float32(self.base_lr), name="lr")
         self.noise = pytensor.shared(np.random.default_rng(0), name="drop.rng")
         self.built_with: int | None = None
@@ -94,7 +99,11 @@ class FakeModel:
         n = len(y)
         true = p[np.arange(n), y]
         higher = (p > true[:, None]).sum(1)
-        return float(-np.log(true + 1e-12).mean()), float((higher >= 1).mean()), float((higher >= 5).mean())
+        return (
+            float(-np.log(true + 1e-12).mean()),
+            float((higher >= 1).mean()),
+            float((higher >= 5).mean()),
+        )
 
     def adjust_hyperparams(self, epoch: int) -> None:
         lr = self.base_lr * self.lr_gamma ** sum(epoch >= s for s in self.lr_step)

@@ -73,8 +73,11 @@ def main() -> int:
     err_c = float(np.max(np.abs(centre - c)))
     err_w = max(float(np.max(np.abs(finals[k] - ws[k]))) for k in ws)
     srcs = [k for k, _ in order]
-    print(f"exchanges={stats['exchanges']} order={srcs} max|centre-ref|={err_c:.2e} "
-          f"max|worker-ref|={err_w:.2e}", flush=True)
+    print(
+        f"exchanges={stats['exchanges']} order={srcs} max|centre-ref|={err_c:.2e} "
+        f"max|worker-ref|={err_w:.2e}",
+        flush=True,
+    )
     if not ok or err_c > 1e-5 or err_w > 1e-5:
         print("FAIL", flush=True)
         return 1

@@ -51,8 +51,13 @@ def main(argv: list[str]) -> int:
             from theanompi.config import load_config
 
             man = json.loads((Path(data) / "misc" / "manifest.json").read_text())
-            base = {"data.dir": data, "output.run_dir": run, "data.file_batch_size": man["batch_size"],
-                    "data.image_size": man["size"], "data.layout": man["layout"]}
+            base = {
+                "data.dir": data,
+                "output.run_dir": run,
+                "data.file_batch_size": man["batch_size"],
+                "data.image_size": man["size"],
+                "data.layout": man["layout"],
+            }
             cfg = load_config(None, None, {**base, **over})
         summary = run_easgd(cfg, comm, resume="--resume" in flags, model=model)
     except UserError as err:

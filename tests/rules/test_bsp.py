@@ -45,7 +45,9 @@ def _run(mpirun, n: int, data: Path, run: Path, out: Path, *args: str, **kw):
 
 
 @pytest.mark.parametrize("sync_type", ["avg", "cdd"])
-def test_two_ranks_stay_identical_and_resume_is_bit_exact(mpirun, data: Path, tmp_path: Path, sync_type: str) -> None:
+def test_two_ranks_stay_identical_and_resume_is_bit_exact(
+    mpirun, data: Path, tmp_path: Path, sync_type: str
+) -> None:
     common = [f"weight_exchange.sync_type={sync_type}", "weight_exchange.check_every=1"]
     straight = tmp_path / "straight"
     _run(mpirun, 2, data, straight, tmp_path / "a.npz", *common, "model.n_epochs=2")
@@ -60,7 +62,9 @@ def test_two_ranks_stay_identical_and_resume_is_bit_exact(mpirun, data: Path, tm
     assert (straight / "checkpoints" / "epoch_0002.rank1.npz").exists()
     ck = load_checkpoint(straight / "checkpoints" / "epoch_0002.npz")
     assert ck.epoch == 2 and ck.step == 20 and ck.meta["param_names"] == ["fc.W", "fc.b"]
-    assert ck.meta["config"]["weight_exchange"]["sync_type"] == sync_type and len(ck.meta["rng"]) == 1
+    assert (
+        ck.meta["config"]["weight_exchange"]["sync_type"] == sync_type and len(ck.meta["rng"]) == 1
+    )
     rec = read_record(straight)
     kinds = [r["kind"] for r in rec]
     assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("epoch") == 2
@@ -93,31 +97,56 @@ def test_deterministic_mode_repeats_exactly(mpirun, data: Path, tmp_path: Path) 
 
 
 def test_one_rank_runs_and_reports_dropped_remainder(mpirun, data: Path, tmp_path: Path) -> None:
-    proc = _run(mpirun, 1, data, tmp_path / "r", tmp_path / "a.npz", "model.n_epochs=1",
-                "data.prefetch=false", "training.max_steps=3")
+    proc = _run(
+        mpirun,
+        1,
+        data,
+        tmp_path / "r",
+        tmp_path / "a.npz",
+        "model.n_epochs=1",
+        "data.prefetch=false",
+        "training.max_steps=3",
+    )
     summary, _ = _load(tmp_path / "a.npz", 1)
     assert summary["steps"] == 3
-    assert "0 sub-batch(es) (0 images) dropped" in proc.stdout and "capped by max_steps=3" in proc.stdout
+    assert (
+        "0 sub-batch(es) (0 images) dropped" in proc.stdout
+        and "capped by max_steps=3" in proc.stdout
+    )
     assert "img/s" in proc.stdout and "compute" in proc.stdout and "wait" in proc.stdout
 
 
 @pytest.mark.parametrize("where", ["step", "loader"])
-def test_a_raising_rank_stops_the_job_with_one_line(mpirun, data: Path, tmp_path: Path, where: str) -> None:
+def test_a_raising_rank_stops_the_job_with_one_line(
+    mpirun, data: Path, tmp_path: Path, where: str
+) -> None:
     t0 = time.monotonic()
-    proc = _run(mpirun, 2, data, tmp_path / "r", tmp_path / "a.npz", "model.n_epochs=50",
-                check=False, env={"THEANOMPI_FAIL": f"{where}:1:2"})
+    proc = _run(
+        mpirun,
+        2,
+        data,
+        tmp_path / "r",
+        tmp_path / "a.npz",
+        "model.n_epochs=50",
+        check=False,
+        env={"THEANOMPI_FAIL": f"{where}:1:2"},
+    )
     assert time.monotonic() - t0 < 30
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("tmpi: error on rank")]
-    assert lines and lines[0].startswith("tmpi: error on rank 1/2: InjectedFailure: injected failure in "
-                                          f"{where} at step 2"), proc.stderr
+    assert lines and lines[0].startswith(
+        f"tmpi: error on rank 1/2: InjectedFailure: injected failure in {where} at step 2"
+    ), proc.stderr
 
 
 def test_rank_with_a_different_model_is_refused(mpirun, data: Path, tmp_path: Path) -> None:
     proc = _run(mpirun, 2, data, tmp_path / "r", tmp_path / "a.npz", "--skew", check=False)
     assert proc.returncode == 2
     errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("tmpi: error:")]
-    assert len(errs) == 1 and "rank 1 holds param #2 'extra.b' (3,) float32 but rank 0 holds nothing" in errs[0]
+    assert (
+        len(errs) == 1
+        and "rank 1 holds param #2 'extra.b' (3,) float32 but rank 0 holds nothing" in errs[0]
+    )
 
 
 def test_resume_without_checkpoint_is_a_config_error(mpirun, data: Path, tmp_path: Path) -> None:
@@ -127,11 +156,27 @@ def test_resume_without_checkpoint_is_a_config_error(mpirun, data: Path, tmp_pat
 
 def test_ctrl_c_stops_cleanly_and_resume_continues(mpirun, data: Path, tmp_path: Path) -> None:
     run = tmp_path / "r"
-    cmd = mpirun_command(2, [sys.executable, SCRIPT, str(data), str(run), str(tmp_path / "a.npz"),
-                             "model.n_epochs=100000", "training.print_freq=1000"])
+    cmd = mpirun_command(
+        2,
+        [
+            sys.executable,
+            SCRIPT,
+            str(data),
+            str(run),
+            str(tmp_path / "a.npz"),
+            "model.n_epochs=100000",
+            "training.print_freq=1000",
+        ],
+    )
     env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)})
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(list_checkpoints(run / "checkpoints")) < 2:
@@ -146,8 +191,12 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(mpirun, data: Path, tmp_path:
     last = latest_checkpoint(run / "checkpoints")
     ck = load_checkpoint(last)  # valid, not torn
     assert ck.epoch >= 2
-    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], "temp files left"
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], (
+        "temp files left"
+    )
     end = [r for r in read_record(run) if r["kind"] == "end"]
     assert end and end[-1]["interrupted"] is True
-    out = _run(mpirun, 2, data, run, tmp_path / "b.npz", f"model.n_epochs={ck.epoch + 1}", "--resume")
+    out = _run(
+        mpirun, 2, data, run, tmp_path / "b.npz", f"model.n_epochs={ck.epoch + 1}", "--resume"
+    )
     assert f"epoch {ck.epoch + 1}/{ck.epoch + 1} done" in out.stdout

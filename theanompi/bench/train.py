@@ -28,14 +28,25 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tmpi bench train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=None, help="prep output [default: data/digits, built if missing]")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="prep output [default: data/digits, built if missing]",
+    )
     p.add_argument("--model", default="digits", help="model config [default: digits]")
     p.add_argument("--ranks", default="1,2", help="comma-separated N to run [default: 1,2]")
-    p.add_argument("--steps", type=int, default=40, help="steps per run (medians over them) [default: 40]")
-    p.add_argument("--repeats", type=int, default=1, help="runs per N; the median run is shown [default: 1]")
+    p.add_argument(
+        "--steps", type=int, default=40, help="steps per run (medians over them) [default: 40]"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs per N; the median run is shown [default: 1]"
+    )
     p.add_argument("--strategy", default="ar", help="exchange strategy [default: ar]")
     p.add_argument("--sync-type", default="avg", help="avg or cdd [default: avg]")
-    p.add_argument("--batch-size", type=int, default=None, help="per-rank sub-batch [default: the model's]")
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="per-rank sub-batch [default: the model's]"
+    )
     p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per rank [default: 1]")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -83,11 +94,18 @@ def _worker(args: argparse.Namespace) -> int:
         b = int(cfg.model.batch_size)
         n = comm.Get_size()
         row = {
-            "n": n, "batch_size": b, "steps": s["steps"], "model": cfg.model.name,
-            "strategy": args.strategy, "sync_type": args.sync_type,
-            "images_per_s": n * b / s["median_wall_s"], "mean_images_per_s": s["images_per_s"],
-            "step_s": s["median_wall_s"], "compute_s": s["median_compute_s"],
-            "exchange_s": s["median_exchange_s"], "wait_s": s["median_wait_s"],
+            "n": n,
+            "batch_size": b,
+            "steps": s["steps"],
+            "model": cfg.model.name,
+            "strategy": args.strategy,
+            "sync_type": args.sync_type,
+            "images_per_s": n * b / s["median_wall_s"],
+            "mean_images_per_s": s["images_per_s"],
+            "step_s": s["median_wall_s"],
+            "compute_s": s["median_compute_s"],
+            "exchange_s": s["median_exchange_s"],
+            "wait_s": s["median_wait_s"],
             "val_top1_err": s["val_top1_err"],
         }
         args.worker.write_text(json.dumps(row))
@@ -110,17 +128,36 @@ def _ensure_data(data: Path | None) -> Path:
         cli = [sys.executable, "-m", "theanompi.cli", "prep"]
         tree = built.parent / "digits_tree"
         subprocess.run([*cli, "demo", "--out", str(tree)], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([*cli, "all", "-n", "2", "--src", str(tree), "--out", str(built), "--size", "32"],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*cli, "all", "-n", "2", "--src", str(tree), "--out", str(built), "--size", "32"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return built
 
 
 def _run_n(args: argparse.Namespace, data: Path, n: int, out: Path) -> dict[str, Any]:
     from theanompi.launch import mpirun_command, mpirun_env
 
-    argv = [sys.executable, "-m", "theanompi.bench.train", "--worker", str(out), "--data", str(data),
-            "--model", args.model, "--steps", str(args.steps), "--strategy", args.strategy,
-            "--sync-type", args.sync_type, "--blas-threads", str(args.blas_threads)]
+    argv = [
+        sys.executable,
+        "-m",
+        "theanompi.bench.train",
+        "--worker",
+        str(out),
+        "--data",
+        str(data),
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--strategy",
+        args.strategy,
+        "--sync-type",
+        args.sync_type,
+        "--blas-threads",
+        str(args.blas_threads),
+    ]
     if args.batch_size:
         argv += ["--batch-size", str(args.batch_size)]
     env = mpirun_env() | {
@@ -164,14 +201,21 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         with tempfile.TemporaryDirectory(prefix="tmpi-bench-") as tmp:
             for n in ranks:
-                runs = [_run_n(args, data, n, Path(tmp) / f"n{n}_{i}.json") for i in range(args.repeats)]
+                runs = [
+                    _run_n(args, data, n, Path(tmp) / f"n{n}_{i}.json") for i in range(args.repeats)
+                ]
                 runs.sort(key=lambda r: r["images_per_s"])
-                rows.append(runs[len(runs) // 2] | {"repeats_images_per_s": [r["images_per_s"] for r in runs]})
+                rows.append(
+                    runs[len(runs) // 2]
+                    | {"repeats_images_per_s": [r["images_per_s"] for r in runs]}
+                )
     except (UserError, RuntimeError) as err:
         print(f"tmpi: error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
-    print(f"bench train: BSP {args.strategy}/{args.sync_type}, model {args.model}, {args.steps} steps per run, "
-          f"{args.blas_threads} BLAS thread(s) per rank, {os.cpu_count()} cores; medians per step (ms)")
+    print(
+        f"bench train: BSP {args.strategy}/{args.sync_type}, model {args.model}, {args.steps} steps per run, "
+        f"{args.blas_threads} BLAS thread(s) per rank, {os.cpu_count()} cores; medians per step (ms)"
+    )
     print(_table(rows))
     two = next((r for r in rows if r["n"] == 2), None)
     one = next((r for r in rows if r["n"] == 1), None)

@@ -56,7 +56,11 @@ class DataSet:
         self.S = int(man["size"])
         self.layout = str(man["layout"])
         self.n_classes = int(man.get("n_classes", 0))
-        for key, have in (("file_batch_size", self.B), ("image_size", self.S), ("layout", self.layout)):
+        for key, have in (
+            ("file_batch_size", self.B),
+            ("image_size", self.S),
+            ("layout", self.layout),
+        ):
             want = cfg.data[key]
             if want != have:
                 raise ConfigError(
@@ -87,7 +91,9 @@ class DataSet:
         if self.crop > self.S:
             raise ConfigError(f"model.input_size={self.crop} exceeds the stored size {self.S}")
         if int(m.channels) != 3:
-            raise ConfigError(f"model.channels={m.channels} but the data has 3 channels; set channels: 3")
+            raise ConfigError(
+                f"model.channels={m.channels} but the data has 3 channels; set channels: 3"
+            )
         top = int(self.labels.max()) if len(self.labels) else -1
         if top >= int(m.n_classes):
             raise ConfigError(
@@ -151,7 +157,11 @@ def prepare_batch(
         return out
     for i in range(b):
         r, c = int(offsets[i, 0]), int(offsets[i, 1])
-        img = sub[:, r : r + crop, c : c + crop, i] if layout == "c01b" else sub[i, :, r : r + crop, c : c + crop]
+        img = (
+            sub[:, r : r + crop, c : c + crop, i]
+            if layout == "c01b"
+            else sub[i, :, r : r + crop, c : c + crop]
+        )
         np.subtract(img, mean[:, r : r + crop, c : c + crop], out=out[i])
         if flips is not None and flips[i]:
             out[i] = out[i][..., ::-1]
@@ -169,7 +179,9 @@ class Prefetcher:
 
     _END = object()
 
-    def __init__(self, source: Iterable[Any], depth: int = 2, enabled: bool = True, name: str = "prefetch") -> None:
+    def __init__(
+        self, source: Iterable[Any], depth: int = 2, enabled: bool = True, name: str = "prefetch"
+    ) -> None:
         self._source = source
         self._enabled = enabled
         self._it: Iterator[Any] | None = None
@@ -304,7 +316,12 @@ class TrainLoader:
     def sub_batches(self, epoch: int) -> list[tuple[int, int]]:
         """All ``(file_index, slot)`` of the epoch, in the order they are dealt to ranks."""
         valid = self.ds.all_valid
-        return [(int(f), s) for f in self.file_order(epoch) for s in range(self.ds.per_file) if valid[f, s]]
+        return [
+            (int(f), s)
+            for f in self.file_order(epoch)
+            for s in range(self.ds.per_file)
+            if valid[f, s]
+        ]
 
     def assignment(self, epoch: int) -> list[tuple[int, int]]:
         """This rank's ``(file_index, slot)`` for each step of ``epoch``."""
@@ -330,7 +347,9 @@ class TrainLoader:
 
         Use it as a context manager (or call ``close()``) when leaving early.
         """
-        return Prefetcher(self._produce(epoch, start), enabled=self.prefetch, name=f"train-e{epoch}")
+        return Prefetcher(
+            self._produce(epoch, start), enabled=self.prefetch, name=f"train-e{epoch}"
+        )
 
 
 class ValLoader:
@@ -348,7 +367,9 @@ class ValLoader:
         self.ds = ds = DataSet(cfg, "val")
         self.batch_size = ds.b
         self.prefetch = bool(cfg.data.prefetch)
-        subs = [(f, s) for f in range(len(ds.files)) for s in range(ds.per_file) if ds.any_valid[f, s]]
+        subs = [
+            (f, s) for f in range(len(ds.files)) for s in range(ds.per_file) if ds.any_valid[f, s]
+        ]
         self.subs = subs[rank::size]
         #: real (non-padded) images in the whole val split
         self.n_images = int((ds.labels >= 0).sum())

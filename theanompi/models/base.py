@@ -131,6 +131,7 @@ class Model:
             self.params = list(self.net.params)
         self.setup_optimizer()
         self._fns: dict[str, Any] = {}
+        self._mode: Any = None
         self.compile_seconds: dict[str, float] = {}
 
     # -- construction -------------------------------------------------------------------
@@ -207,9 +208,9 @@ class Model:
 
     def _graphs(self) -> dict[str, Any]:
         fx = pytensor.config.floatX
-        # no static shape on purpose: compiled C modules are then shared between models and
-        # batch sizes (PyTensor keys its cache on the types); layers know their shapes anyway
-        x = pt.tensor4("x", dtype=fx)
+        # static (C, H, W): shape graphs constant-fold, so graph building and rewriting stay
+        # fast; the batch axis is free, so one compiled function serves any batch size
+        x = pt.tensor4("x", dtype=fx, shape=(None, *self.input_shape))
         y = pt.ivector("y")
         logits = self.forward(x, train=True)
         loss, top1, _ = classification_metrics(logits, y)
@@ -227,16 +228,24 @@ class Model:
             "eval": [ev_loss, ev_top1, ev_top5, softmax(ev_logits, axis=-1)],
         }
 
-    def build(self, batch_size: int | None = None) -> Model:
+    def build(self, batch_size: int | None = None, mode: Any = None) -> Model:
         """Compile ``train_step`` and ``val_step``/``predict`` (``compute_grads`` and
-        ``apply_grads`` are compiled on first use). Idempotent; returns ``self``."""
+        ``apply_grads`` are compiled on first use). Idempotent; returns ``self``.
+
+        ``mode`` is passed to ``pytensor.function`` (default: the configured FAST_RUN + C
+        linker); tests use ``Mode(linker="py", optimizer="fast_compile")`` to skip C compiles.
+        """
+        self._mode = mode
         if batch_size is not None:
             if not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size={batch_size!r} must be a positive int")
             self.batch_size = batch_size
         if "train" in self._fns:
             return self
-        g = self._g = self._graphs()
+        t0 = time.perf_counter()
+        with pytensor.config.change_flags(traceback__limit=0):  # stack traces cost ~15%
+            g = self._g = self._graphs()
+        self.compile_seconds["graph"] = time.perf_counter() - t0
         self._compile(
             "train",
             [g["x"], g["y"]],
@@ -248,7 +257,10 @@ class Model:
 
     def _compile(self, key: str, inputs: list[Any], outputs: list[Any], updates: list[Any]) -> Any:
         t0 = time.perf_counter()
-        fn = pytensor.function(inputs, outputs, updates=updates, name=f"{self.name}.{key}")
+        with pytensor.config.change_flags(traceback__limit=0):
+            fn = pytensor.function(
+                inputs, outputs, updates=updates, name=f"{self.name}.{key}", mode=self._mode
+            )
         self.compile_seconds[key] = time.perf_counter() - t0
         self._fns[key] = fn
         return fn

@@ -86,13 +86,31 @@ def pool_output_size(n: int, k: int, s: int, pad: int = 0, ceil_mode: bool = Fal
 
 
 def _pad(x: pt.TensorVariable, pad: tuple[int, int, int, int], value: float) -> pt.TensorVariable:
-    """Pad the two last axes (top, bottom, left, right) with ``value``; differentiable."""
+    """Pad the two last axes (top, bottom, left, right) with ``value``; differentiable.
+
+    Built from ``Join`` of one-row/one-column ``full_like`` blocks, not ``Alloc`` with a
+    symbolic batch size, whose static-shape inference walks the whole upstream graph.
+    """
     top, bottom, left, right = pad
     if not any(pad):
         return x
-    b, c, h, w = x.shape
-    full = pt.alloc(np.asarray(value, dtype=x.dtype), b, c, h + top + bottom, w + left + right)
-    return pt.set_subtensor(full[:, :, top : top + h, left : left + w], x)
+
+    def block(t: pt.TensorVariable) -> pt.TensorVariable:
+        return pt.zeros_like(t) if value == 0 else pt.full_like(t, np.asarray(value, dtype=t.dtype))
+
+    if top or bottom:
+        row = block(x[:, :, :1, :])
+        x = pt.join(2, *([row] * top), x, *([row] * bottom))
+    if left or right:
+        col = block(x[:, :, :, :1])
+        x = pt.join(3, *([col] * left), x, *([col] * right))
+    return x
+
+
+def _crop_or_pad(x: pt.TensorVariable, hw: tuple[int, int], target: tuple[int, int]) -> pt.TensorVariable:
+    """Cut or zero-extend the bottom/right of ``x`` (spatial size ``hw``) to ``target``."""
+    x = x[:, :, : min(hw[0], target[0]), : min(hw[1], target[1])]
+    return _pad(x, (0, max(0, target[0] - hw[0]), 0, max(0, target[1] - hw[1])), 0.0)
 
 
 def _windows(
@@ -113,6 +131,7 @@ def im2col(
     s: tuple[int, int],
     p: tuple[int, int],
     in_hw: tuple[int, int],
+    channels: int,
 ) -> tuple[pt.TensorVariable, tuple[int, int]]:
     """Patch matrix of ``x`` (b, C, H, W): shape ``(C*kh*kw, b*Ho*Wo)``, rows ordered (C, kh, kw).
 
@@ -124,7 +143,7 @@ def im2col(
     xp = _pad(x, (p[0], p[0], p[1], p[1]), 0.0)
     views = [v.dimshuffle(1, "x", 0, 2, 3) for v in _windows(xp, k, s, (ho, wo))]  # (C,1,b,Ho,Wo)
     cols = views[0] if len(views) == 1 else pt.join(1, *views)  # (C, kh*kw, b, Ho, Wo)
-    return cols.reshape((cols.shape[0] * cols.shape[1], -1)), (ho, wo)
+    return cols.reshape((channels * k[0] * k[1], -1)), (ho, wo)
 
 
 class Layer:
@@ -302,18 +321,50 @@ class Conv2D(Layer):
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
         c, h, w = self.in_shape
         f, (ho, wo), g = self.n_filters, self.out_shape[1:], self.groups
+        wk, fg, kg = self.W, f // g, (c // g) * self.k[0] * self.k[1]
         if self.k == (1, 1) and self.s == (1, 1) and self.p == (0, 0):
             cols = x.dimshuffle(1, 0, 2, 3).reshape((c, -1))  # 1x1 conv: no patches needed
+        elif self.s != (1, 1) and self.k != (1, 1):
+            xs, wk, q = self._space_to_depth(x, wk)
+            cs = c * self.s[0] * self.s[1]
+            kg = (cs // g) * q[0] * q[1]
+            hs = (ho + q[0] - 1, wo + q[1] - 1)
+            cols, _ = im2col(xs, q, (1, 1), (0, 0), hs, cs)
         else:
-            cols, _ = im2col(x, self.k, self.s, self.p, (h, w))  # (C*kh*kw, b*Ho*Wo)
-        wmat = self.W.reshape((f, -1))  # (F, C/g*kh*kw)
-        kg, fg = wmat.shape[1], f // g
+            cols, _ = im2col(x, self.k, self.s, self.p, (h, w), c)  # (C*kh*kw, b*Ho*Wo)
+        wmat = wk.reshape((f, -1))  # (F, C/g*kh*kw)
         outs = [pt.dot(wmat[i * fg : (i + 1) * fg], cols[i * kg : (i + 1) * kg]) for i in range(g)]
         out = outs[0] if g == 1 else pt.join(0, *outs)  # (F, b*Ho*Wo)
         out = out.reshape((f, -1, ho, wo)).dimshuffle(1, 0, 2, 3)
         if self.b is not None:
             out = out + self.b.dimshuffle("x", 0, "x", "x")
         return out
+
+    def _space_to_depth(
+        self, x: pt.TensorVariable, wk: pt.TensorVariable
+    ) -> tuple[pt.TensorVariable, pt.TensorVariable, tuple[int, int]]:
+        """Turn a stride-s conv into a stride-1 conv over s*s times the channels.
+
+        The kernel is zero-extended to a multiple of the stride (k' = q*s) and input and
+        kernel are folded ``(C, H, W) -> (C*s*s, H/s, W/s)``; the result is exact and needs
+        q*q patch views instead of k*k (AlexNet conv1: 9 instead of 121).
+        """
+        (kh, kw), (sh, sw), (ph, pw) = self.k, self.s, self.p
+        c, h, w = self.in_shape
+        f, cg = self.n_filters, c // self.groups
+        ho, wo = self.out_shape[1:]
+        qh, qw = -(-kh // sh), -(-kw // sw)
+        hp, wp = (ho + qh - 1) * sh, (wo + qw - 1) * sw  # padded input that all windows use
+        xp = _pad(x, (ph, 0, pw, 0), 0.0)
+        xp = _crop_or_pad(xp, (h + ph, w + pw), (hp, wp))
+        xs = xp.reshape((-1, c, hp // sh, sh, wp // sw, sw)).dimshuffle(0, 1, 3, 5, 2, 4)
+        xs = xs.reshape((-1, c * sh * sw, hp // sh, wp // sw))
+        if (qh * sh, qw * sw) != (kh, kw):
+            zeros = pt.zeros((f, cg, qh * sh, qw * sw), dtype=wk.dtype)
+            wk = pt.set_subtensor(zeros[:, :, :kh, :kw], wk)
+        ws = wk.reshape((f, cg, qh, sh, qw, sw)).dimshuffle(0, 1, 3, 5, 2, 4)
+        ws = ws.reshape((f, cg * sh * sw, qh, qw))
+        return xs, ws, (qh, qw)
 
     def flops(self) -> int:
         c = self.in_shape[0] // self.groups
@@ -465,9 +516,8 @@ class LRN(Layer):
         c, half = self.in_shape[0], self.n // 2
         sq = pt.sqr(x)
         if half:
-            b, _, h, w = x.shape
-            padded = pt.alloc(np.asarray(0, dtype=x.dtype), b, c + 2 * half, h, w)
-            sq = pt.set_subtensor(padded[:, half : half + c], sq)
+            zero = pt.zeros_like(sq[:, :1])
+            sq = pt.join(1, *([zero] * half), sq, *([zero] * half))
         total = sq[:, 0:c]
         for i in range(1, self.n):
             total = total + sq[:, i : i + c]
@@ -529,7 +579,7 @@ class Flatten(Layer):
         self.out_shape = (int(np.prod(self.in_shape)),)
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        return x.reshape((x.shape[0], self.out_shape[0]))
+        return x.reshape((-1, self.out_shape[0]))
 
 
 class Dense(Layer):
@@ -561,7 +611,7 @@ class Dense(Layer):
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
         if x.ndim != 2:
-            x = x.reshape((x.shape[0], self.n_in))
+            x = x.reshape((-1, self.n_in))
         out = pt.dot(x, self.W)
         return out + self.b if self.b is not None else out
 

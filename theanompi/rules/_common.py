@@ -231,7 +231,9 @@ class StepStats:
     wait: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
 
-    def add(self, loss: float, err: float, compute: float, exchange: float, wait: float, wall: float) -> None:
+    def add(
+        self, loss: float, err: float, compute: float, exchange: float, wait: float, wall: float
+    ) -> None:
         self.loss.append(float(loss))
         self.err.append(float(err))
         self.compute.append(compute)
@@ -244,7 +246,12 @@ class StepStats:
 
     def since(self, start: int) -> StepStats:
         """The steps from index ``start`` on."""
-        return StepStats(*(getattr(self, k)[start:] for k in ("loss", "err", "compute", "exchange", "wait", "wall")))
+        return StepStats(
+            *(
+                getattr(self, k)[start:]
+                for k in ("loss", "err", "compute", "exchange", "wait", "wall")
+            )
+        )
 
     def mean(self, key: str) -> float:
         v = getattr(self, key)
@@ -285,16 +292,30 @@ class Progress:
         return [float(v) for v in arr]
 
     def window(
-        self, stats: StepStats, *, epoch: int, n_epochs: int, step_in_epoch: int, steps_per_epoch: int,
-        step: int, lr: float,
+        self,
+        stats: StepStats,
+        *,
+        epoch: int,
+        n_epochs: int,
+        step_in_epoch: int,
+        steps_per_epoch: int,
+        step: int,
+        lr: float,
     ) -> dict[str, Any]:
         loss, err = self.reduce_mean([stats.mean("loss"), stats.mean("err")])
         wall = float(np.sum(stats.wall)) or 1e-12
         ips = self.images_per_step * len(stats) / wall
         split = stats.split()
         entry = {
-            "epoch": epoch, "step": step, "step_in_epoch": step_in_epoch, "loss": loss, "error": err,
-            "images_per_s": ips, "lr": lr, "n_steps": len(stats), **split,
+            "epoch": epoch,
+            "step": step,
+            "step_in_epoch": step_in_epoch,
+            "loss": loss,
+            "error": err,
+            "images_per_s": ips,
+            "lr": lr,
+            "n_steps": len(stats),
+            **split,
         }
         self.log(
             f"[{self.tag}] epoch {epoch + 1}/{n_epochs} step {step_in_epoch}/{steps_per_epoch} | "
@@ -453,15 +474,34 @@ class Snapshotter:
         path = checkpoint_path(self.dir, epoch_done)
         rngs = get_rng_states(self.model)
         if self.size > 1 and self.rank > 0:
-            opt = [np.asarray(a) for a in get_values(self.model.opt_state)] if self.local_opt else []
-            save_arrays(rank_state_path(path, self.rank), [], opt,
-                        {"rank": self.rank, "world_size": self.size, "epoch": epoch_done,
-                         "step": step, "rng": rngs, "local_opt": self.local_opt})
+            opt = (
+                [np.asarray(a) for a in get_values(self.model.opt_state)] if self.local_opt else []
+            )
+            save_arrays(
+                rank_state_path(path, self.rank),
+                [],
+                opt,
+                {
+                    "rank": self.rank,
+                    "world_size": self.size,
+                    "epoch": epoch_done,
+                    "step": step,
+                    "rng": rngs,
+                    "local_opt": self.local_opt,
+                },
+            )
         if self.size > 1:
             self.comm.Barrier()
         if self.rank == 0:
-            meta = {"epoch": epoch_done, "step": step, "world_size": self.size, "rng": rngs,
-                    "local_opt": self.local_opt, "config": self.cfg.to_dict(), **(extra or {})}
+            meta = {
+                "epoch": epoch_done,
+                "step": step,
+                "world_size": self.size,
+                "rng": rngs,
+                "local_opt": self.local_opt,
+                "config": self.cfg.to_dict(),
+                **(extra or {}),
+            }
             save_checkpoint(path, self.model, meta)
         if self.size > 1:
             self.comm.Barrier()
@@ -481,8 +521,10 @@ class Snapshotter:
         if self.rank == 0:
             path = Path(path) if path is not None else latest_checkpoint(self.dir)
             if path is None:
-                msg = (f"--resume: no checkpoint in {str(self.dir)!r}; train without --resume "
-                       "first (or pass --run-dir of the run to continue)")
+                msg = (
+                    f"--resume: no checkpoint in {str(self.dir)!r}; train without --resume "
+                    "first (or pass --run-dir of the run to continue)"
+                )
             else:
                 try:
                     ck = load_checkpoint(path)
@@ -510,9 +552,13 @@ class Snapshotter:
                 sc = load_checkpoint(side)
                 if int(sc.meta.get("world_size", -1)) == self.size:
                     if sc.meta.get("local_opt") and sc.opt_state:
-                        set_values(self.model.opt_state,
-                                   [np.array(a, dtype=v.get_value(borrow=True).dtype)
-                                    for a, v in zip(sc.opt_state, self.model.opt_state, strict=True)])
+                        set_values(
+                            self.model.opt_state,
+                            [
+                                np.array(a, dtype=v.get_value(borrow=True).dtype)
+                                for a, v in zip(sc.opt_state, self.model.opt_state, strict=True)
+                            ],
+                        )
                     set_rng_states(self.model, sc.meta.get("rng", []))
                     found = 1
         if self.size > 1:
@@ -520,8 +566,10 @@ class Snapshotter:
 
             found = self.comm.allreduce(found, op=MPI.MIN)
         if not found and self.rank == 0:
-            print(f"note: {ck.path.name} has no side files for {self.size} ranks; rank-local "
-                  "state (momentum, dropout RNG) comes from rank 0, so the resume is not bit-exact",
-                  file=sys.stderr, flush=True)
+            print(
+                f"note: {ck.path.name} has no side files for {self.size} ranks; rank-local "
+                "state (momentum, dropout RNG) comes from rank 0, so the resume is not bit-exact",
+                file=sys.stderr,
+                flush=True,
+            )
         return ck
-

@@ -48,7 +48,9 @@ def _exchanger(cfg: Any, comm: Any, arrays: list[Any]) -> Any:
     return ex
 
 
-def run_bsp(cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = None) -> dict[str, Any]:
+def run_bsp(
+    cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = None
+) -> dict[str, Any]:
     """Train ``cfg.model`` with BSP on the ranks of ``comm`` (default ``COMM_WORLD``).
 
     Parameters
@@ -91,26 +93,46 @@ def run_bsp(cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = No
         ck = snap.restore()
         start_epoch, step, last_ckpt = ck.epoch, ck.step, str(ck.path)
         prog.log(f"[bsp] resumed from {ck.path} (epoch {start_epoch}, step {step})")
+        if start_epoch >= n_epochs:
+            prog.log(
+                f"[bsp] {start_epoch} epoch(s) already done of model.n_epochs={n_epochs}; "
+                "nothing to train (raise --epochs to continue)"
+            )
     else:
         bcast_values(model.params, comm)
         bcast_values(model.opt_state, comm)
 
-    rec = RecordWriter(cfg.output.record_dir, enabled=rank == 0,
-                       keep_before_epoch=start_epoch if resume else None)
+    rec = RecordWriter(
+        cfg.output.record_dir, enabled=rank == 0, keep_before_epoch=start_epoch if resume else None
+    )
     ex_vars = model.grads if cdd else model.params
     ex = _exchanger(cfg, comm, get_values(ex_vars)) if size > 1 else None
-    prog.log(f"[bsp] {size} rank(s), model {cfg.model.name}, exchange {we.exch_strategy}/{we.sync_type}, "
-             f"batch {train.batch_size}/rank ({train.batch_size * size} global), {n_epochs} epochs")
+    prog.log(
+        f"[bsp] {size} rank(s), model {cfg.model.name}, exchange {we.exch_strategy}/{we.sync_type}, "
+        f"batch {train.batch_size}/rank ({train.batch_size * size} global), {n_epochs} epochs"
+    )
     prog.log(f"[bsp] {train.summary}")
-    rec.write("start", rule="BSP", world_size=size, resume=resume, start_epoch=start_epoch,
-              steps_per_epoch=train.steps_per_epoch, dropped_sub_batches=train.dropped,
-              batch_size=train.batch_size, config=cfg.to_dict())
+    rec.write(
+        "start",
+        rule="BSP",
+        world_size=size,
+        resume=resume,
+        start_epoch=start_epoch,
+        steps_per_epoch=train.steps_per_epoch,
+        dropped_sub_batches=train.dropped,
+        batch_size=train.batch_size,
+        config=cfg.to_dict(),
+    )
 
     check_every = int(we.check_every)
     print_freq = max(1, int(cfg.training.print_freq))
     stats = StepStats()
-    summary: dict[str, Any] = {"interrupted": False, "val_top1_err": None, "val_top5_err": None,
-                               "val_loss": None}
+    summary: dict[str, Any] = {
+        "interrupted": False,
+        "val_top1_err": None,
+        "val_top5_err": None,
+        "val_loss": None,
+    }
     interrupted = False
     epoch = epochs_done = start_epoch
     with StopFlag() as stop:
@@ -154,9 +176,15 @@ def run_bsp(cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = No
                     if check_every and step % check_every == 0:
                         assert_identical(model.params, comm, step)
                     if (k + 1) % print_freq == 0 or k + 1 == train.steps_per_epoch:
-                        entry = prog.window(stats.since(win_start), epoch=epoch, n_epochs=n_epochs,
-                                            step_in_epoch=k + 1, steps_per_epoch=train.steps_per_epoch,
-                                            step=step, lr=lr)
+                        entry = prog.window(
+                            stats.since(win_start),
+                            epoch=epoch,
+                            n_epochs=n_epochs,
+                            step_in_epoch=k + 1,
+                            steps_per_epoch=train.steps_per_epoch,
+                            step=step,
+                            lr=lr,
+                        )
                         rec.write("step", **entry)
                         win_start = len(stats)
                     if interrupted:
@@ -173,26 +201,45 @@ def run_bsp(cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = No
             if snap.due(epoch + 1, n_epochs):
                 saved = last_ckpt = str(snap.save(epoch + 1, step, {"val": v}))
             epochs_done = epoch + 1
-            rec.write("epoch", epoch=epoch, step=step, train_loss=tr_loss, train_error=tr_err,
-                      lr=lr, images_per_s=ips, seconds=ep_secs, checkpoint=saved,
-                      **ep.split(), **v)
-            prog.log(f"[bsp] epoch {epoch + 1}/{n_epochs} done in {ep_secs:.1f} s: train loss "
-                     f"{tr_loss:.4f} err {tr_err * 100:.2f}% | val loss {v['val_loss']:.4f} top-1 err "
-                     f"{v['val_top1_err'] * 100:.2f}% top-5 err {v['val_top5_err'] * 100:.2f}% "
-                     f"(n={v['val_n']}) | {ips:,.0f} img/s" + (f" | saved {saved}" if saved else ""))
+            rec.write(
+                "epoch",
+                epoch=epoch,
+                step=step,
+                train_loss=tr_loss,
+                train_error=tr_err,
+                lr=lr,
+                images_per_s=ips,
+                seconds=ep_secs,
+                checkpoint=saved,
+                **ep.split(),
+                **v,
+            )
+            prog.log(
+                f"[bsp] epoch {epoch + 1}/{n_epochs} done in {ep_secs:.1f} s: train loss "
+                f"{tr_loss:.4f} err {tr_err * 100:.2f}% | val loss {v['val_loss']:.4f} top-1 err "
+                f"{v['val_top1_err'] * 100:.2f}% top-5 err {v['val_top5_err'] * 100:.2f}% "
+                f"(n={v['val_n']}) | {ips:,.0f} img/s" + (f" | saved {saved}" if saved else "")
+            )
 
     total = wtime() - t_start
     summary.update(
         epochs=epochs_done,
-        steps=step, world_size=size, seconds=total, checkpoint=last_ckpt, interrupted=interrupted,
+        steps=step,
+        world_size=size,
+        seconds=total,
+        checkpoint=last_ckpt,
+        interrupted=interrupted,
         images_per_s=(train.batch_size * size * len(stats) / max(float(sum(stats.wall)), 1e-12))
-        if len(stats) else None,
+        if len(stats)
+        else None,
         **stats.split(),
         **{f"median_{k}_s": stats.median(k) for k in ("wall", "compute", "exchange", "wait")},
     )
     if interrupted:
-        prog.log(f"[bsp] interrupted at epoch {epoch + 1} step {step}; last checkpoint: "
-                 f"{last_ckpt or 'none'} (continue with --resume)")
+        prog.log(
+            f"[bsp] interrupted at epoch {epoch + 1} step {step}; last checkpoint: "
+            f"{last_ckpt or 'none'} (continue with --resume)"
+        )
     rec.write("end", **{k: v for k, v in summary.items() if k != "config"})
     rec.close()
     return summary

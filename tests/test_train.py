@@ -1,0 +1,89 @@
+"""End to end through the CLI: ``tmpi prep demo`` + ``tmpi prep all`` + ``tmpi train -n 2`` (small CNN),
+``--resume`` (bit-exact against a straight run) and ``tmpi plot``. Failures and Ctrl-C are
+tested under real mpirun in tests/rules/test_bsp.py (same abort hook, cheaper model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from theanompi.checkpoint import latest_checkpoint, load_checkpoint
+from theanompi.record import read_record
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from conftest import tmpi
+
+    root = tmp_path_factory.mktemp("demo")
+    out = tmpi("prep", "demo", "--out", str(root / "tree"))
+    assert out.returncode == 0, out.stderr
+    out = tmpi(
+        "prep",
+        "all",
+        "-n",
+        "2",
+        "--src",
+        str(root / "tree"),
+        "--out",
+        str(root / "data"),
+        "--size",
+        "32",
+    )
+    assert out.returncode == 0, out.stderr
+    return root / "data"
+
+
+def _train(cli, data: Path, run: Path, *extra: str, env: dict[str, str] | None = None):
+    return cli(
+        "train",
+        "-n",
+        "2",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        "--max-steps",
+        "4",
+        "--set",
+        "training.print_freq=3",
+        *extra,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_train_resume_plot(cli, demo: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = _train(cli, demo, run, "--epochs", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[bsp] 2 rank(s), model small_cnn" in out.stdout
+    assert "img/s" in out.stdout and "exchange" in out.stdout and "wait" in out.stdout
+    assert "epoch 1/1 done" in out.stdout and "val loss" in out.stdout
+    ck = load_checkpoint(latest_checkpoint(run / "checkpoints"))
+    assert ck.epoch == 1 and ck.step == 4 and ck.meta["param_names"][0] == "conv1.W"
+    assert len(ck.meta["rng"]) == 1  # the dropout generator travels with the checkpoint
+
+    out = _train(cli, demo, run, "--epochs", "2", "--resume")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in out.stdout and "epoch 2/2 done" in out.stdout
+    epochs = [r for r in read_record(run) if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1]
+
+    out = cli("plot", str(run))
+    assert out.returncode == 0, out.stderr
+    assert (run / "record" / "curves.png").exists()
+
+    # 2 epochs straight == 1 epoch + resume + 1 epoch, bit for bit (momentum, dropout RNG too)
+    straight = tmp_path / "straight"
+    out = _train(cli, demo, straight, "--epochs", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    a = load_checkpoint(straight / "checkpoints" / "epoch_0002.npz")
+    b = load_checkpoint(run / "checkpoints" / "epoch_0002.npz")
+    for x, y in zip(a.params + a.opt_state, b.params + b.opt_state, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert a.meta["rng"] == b.meta["rng"]

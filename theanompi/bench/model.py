@@ -1,0 +1,306 @@
+"""Benchmark a model's train step: ours (PyTensor C) vs the same net in PyTorch CPU, the GEMM
+floor, and compile time with a cold and a warm compile cache.
+
+Run ``python -m theanompi.bench.model`` (``tmpi bench model``); ``--help`` lists the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["main"]
+
+CASES = {
+    "alexnet": dict(name="alexnet", input_size=227, channels=3, n_classes=1000),
+    "small_cnn": dict(name="small_cnn", input_size=28, channels=3, n_classes=10),
+    "googlenet": dict(name="googlenet", input_size=224, channels=3, n_classes=1000),
+    "vgg16": dict(name="vgg16", input_size=224, channels=3, n_classes=1000),
+    "mlp": dict(name="mlp", input_size=28, channels=3, n_classes=10),
+}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tmpi bench model", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--case",
+        action="append",
+        metavar="MODEL:BATCH",
+        help="model and batch to time (repeatable); default alexnet:32 alexnet:128 small_cnn:32",
+    )
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per case (median reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    ap.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default: cores)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    ap.add_argument("--no-compile", action="store_true", help="skip the cold/warm compile timing")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--_compile_only", metavar="MODEL", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def _train_flops(model: Any) -> float:
+    """FLOPs of one image's train step: forward + input grads + weight grads (~3x forward),
+    minus the input grad of the first layer (the data needs none)."""
+    from theanompi.models.layers import Sequential
+
+    fwd = model.flops_per_image()
+    first = 0
+    net = model.net
+    while isinstance(net, Sequential) and net.layers:
+        net = net.layers[0]
+    if net is not None:
+        first = net.flops()
+    return 3.0 * fwd - first
+
+
+def _gemm_gflops(threads: int, n: int = 2048, reps: int = 5) -> float:
+    """Median GFLOP/s of an n x n float32 ``Dot22`` through PyTensor's C BLAS."""
+    import numpy as np
+    import pytensor
+    import pytensor.tensor as pt
+
+    a, b = pt.matrix("a", dtype="float32"), pt.matrix("b", dtype="float32")
+    f = pytensor.function([a, b], pt.dot(a, b))
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    f(x, y)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(x, y)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def _time_ours(sec: dict, batch: int, steps: int, warmup: int) -> dict[str, float]:
+    import numpy as np
+
+    from theanompi.models import create_model
+
+    t0 = time.perf_counter()
+    m = create_model({**sec, "batch_size": batch})
+    t_build = time.perf_counter()
+    m.build(batch)
+    t_compile = time.perf_counter() - t_build
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 50, (batch, *m.input_shape)).astype(np.float32)
+    y = rng.integers(0, m.n_classes, batch).astype(np.int32)
+    for _ in range(warmup):
+        m.train_step(x, y)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        m.train_step(x, y)
+        times.append(time.perf_counter() - t)
+    return {
+        "step_s": statistics.median(times),
+        "construct_s": t_build - t0,
+        "compile_s": t_compile,
+        "train_flops": _train_flops(m),
+        "model": m,
+    }
+
+
+def _torch_net(model: Any) -> Any:
+    """The same architecture in torch.nn, translated layer by layer."""
+    import torch.nn as nn
+
+    from theanompi.models import layers as L
+
+    def tr(layer: Any) -> Any:
+        if isinstance(layer, L.Sequential):
+            return nn.Sequential(*[tr(c) for c in layer.layers])
+        if isinstance(layer, L.Conv2D):
+            return nn.Conv2d(
+                layer.in_shape[0],
+                layer.n_filters,
+                layer.k,
+                stride=layer.s,
+                padding=layer.p,
+                groups=layer.groups,
+                bias=layer.b is not None,
+            )
+        if isinstance(layer, L.MaxPool2D):
+            return nn.MaxPool2d(layer.k, layer.s, layer.p, ceil_mode=layer.ceil_mode)
+        if isinstance(layer, L.AvgPool2D):
+            return nn.AvgPool2d(layer.k, layer.s, layer.p, ceil_mode=layer.ceil_mode, count_include_pad=False)
+        if isinstance(layer, L.GlobalAvgPool):
+            return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        if isinstance(layer, L.LRN):
+            return nn.LocalResponseNorm(layer.n, layer.alpha, layer.beta, layer.k)
+        if isinstance(layer, L.ReLU):
+            return nn.ReLU(inplace=True)
+        if isinstance(layer, L.Dropout):
+            return nn.Dropout(layer.p)
+        if isinstance(layer, L.Flatten):
+            return nn.Flatten()
+        if isinstance(layer, L.Dense):
+            lin = nn.Linear(layer.n_in, layer.out_shape[0], bias=layer.b is not None)
+            return nn.Sequential(nn.Flatten(), lin) if len(layer.in_shape) > 1 else lin
+        if isinstance(layer, L.Concat):
+            return _TorchConcat([tr(b) for b in layer.branches])
+        if isinstance(layer, L.BatchNorm):
+            return nn.BatchNorm2d(layer.in_shape[0]) if len(layer.in_shape) == 3 else nn.BatchNorm1d(layer.in_shape[0])
+        raise TypeError(f"no torch translation for {layer!r}")
+
+    return tr(model.net)
+
+
+class _TorchConcat:  # built lazily as an nn.Module subclass (torch is a dev dependency)
+    def __new__(cls, branches: list[Any]) -> Any:
+        import torch
+        import torch.nn as nn
+
+        class Concat(nn.Module):
+            def __init__(self, bs: list[Any]) -> None:
+                super().__init__()
+                self.bs = nn.ModuleList(bs)
+
+            def forward(self, x: Any) -> Any:
+                return torch.cat([b(x) for b in self.bs], dim=1)
+
+        return Concat(branches)
+
+
+def _time_torch(model: Any, batch: int, steps: int, warmup: int, threads: int) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    net = _torch_net(model)
+    c = model.config
+    opt = torch.optim.SGD(
+        net.parameters(), lr=0.001, momentum=c["momentum"], weight_decay=c["weight_decay"]
+    )
+    x = torch.randn(batch, *model.input_shape) * 50 / 255
+    y = torch.randint(0, model.n_classes, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    net.train()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _compile_only(name: str) -> int:
+    """Child process: build the model and print construction/compile seconds as JSON."""
+    from theanompi.pytensor_env import configure
+
+    configure()
+    from theanompi.models import create_model
+
+    t0 = time.perf_counter()
+    m = create_model(CASES[name])
+    m.build(32)
+    print(json.dumps({"total_s": time.perf_counter() - t0, **m.compile_seconds}))
+    return 0
+
+
+def _compile_times(name: str) -> dict[str, float]:
+    """Cold (fresh THEANOMPI_CACHE) then warm (same cache) compile, each in a new process."""
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="tmpi-cache-") as cache:
+        env = {**os.environ, "THEANOMPI_CACHE": cache}
+        for label in ("cold", "warm"):
+            proc = subprocess.run(
+                [sys.executable, "-m", "theanompi.bench.model", "--_compile_only", name],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"compile child failed: {proc.stderr[-2000:]}")
+            out[label] = json.loads(proc.stdout.strip().splitlines()[-1])["total_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the benchmark table (medians); return 0."""
+    args = _parse(argv)
+    if args._compile_only:
+        return _compile_only(args._compile_only)
+    threads = args.threads or os.cpu_count() or 1
+    from theanompi.pytensor_env import configure
+
+    configure(blas_threads=threads)
+    cases = []
+    for spec in args.case or ["alexnet:32", "alexnet:128", "small_cnn:32"]:
+        name, _, b = spec.partition(":")
+        if name not in CASES or not b.isdigit():
+            print(f"tmpi bench model: bad --case {spec!r}; use MODEL:BATCH with MODEL in {', '.join(CASES)}")
+            return 2
+        cases.append((name, int(b)))
+
+    gflops = _gemm_gflops(threads)
+    print(f"BLAS: 2048^2 float32 Dot22 = {gflops:.1f} GFLOP/s on {threads} thread(s)")
+    rows = []
+    for name, batch in cases:
+        r = _time_ours(CASES[name], batch, args.steps, args.warmup)
+        ours_ips = batch / r["step_s"]
+        floor_ips = gflops * 1e9 / r["train_flops"]
+        torch_ips = float("nan")
+        if not args.no_torch:
+            try:
+                torch_ips = batch / _time_torch(r["model"], batch, args.steps, args.warmup, threads)
+            except ImportError:
+                print("torch not installed (dev extra): skipping the PyTorch column")
+                args.no_torch = True
+        row = {
+            "model": name,
+            "batch": batch,
+            "ours_img_s": ours_ips,
+            "torch_img_s": torch_ips,
+            "ratio": ours_ips / torch_ips if torch_ips == torch_ips else float("nan"),
+            "gemm_floor_img_s": floor_ips,
+            "train_gflop_per_img": r["train_flops"] / 1e9,
+            "compile_s_in_process": r["compile_s"],
+        }
+        rows.append(row)
+        del r
+        print(
+            f"{name:>10} b={batch:<4} ours {ours_ips:8.1f} img/s | torch {torch_ips:8.1f} img/s | "
+            f"ours/torch {row['ratio']:.2f} | GEMM floor {floor_ips:8.1f} img/s "
+            f"({row['train_gflop_per_img']:.2f} GFLOP/img)",
+            flush=True,
+        )
+    compile_rows = {}
+    if not args.no_compile:
+        for name in dict.fromkeys(n for n, _ in cases):
+            compile_rows[name] = _compile_times(name)
+            c = compile_rows[name]
+            print(f"{name:>10} compile+build: cold cache {c['cold']:.1f} s, warm cache {c['warm']:.1f} s")
+    print()
+    print("| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['batch']} | {r['ours_img_s']:.1f} | {r['torch_img_s']:.1f} | "
+            f"{r['ratio']:.2f} | {r['gemm_floor_img_s']:.1f} |"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"gemm_gflops": gflops, "threads": threads, "rows": rows, "compile": compile_rows}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
