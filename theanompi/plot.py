@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from theanompi.errors import DataError
+from theanompi.errors import DataError, UserError
 from theanompi.record import read_record, record_file
 
 __all__ = ["plot_run", "curves"]
@@ -59,7 +59,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     series = curves(rows)
     if not series:
         raise DataError(f"{f} has no step or epoch entries yet; plot again after a few steps")
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise UserError("tmpi plot needs matplotlib; pip install matplotlib") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -28,7 +28,12 @@ def ref_conv(x, w, b, stride, pad, groups):
         g = o // fg
         for i in range(ho):
             for j in range(wo):
-                patch = xp[:, g * cg : (g + 1) * cg, i * stride : i * stride + kh, j * stride : j * stride + kw]
+                patch = xp[
+                    :,
+                    g * cg : (g + 1) * cg,
+                    i * stride : i * stride + kh,
+                    j * stride : j * stride + kw,
+                ]
                 out[:, o, i, j] = (patch * w[o]).sum(axis=(1, 2, 3)) + b[o]
     return out
 
@@ -98,7 +103,9 @@ def check_grads(layer, x, out, xv, n_coords=6, eps=1e-6, rtol=1e-5, atol=1e-7, w
             if var is not x:
                 var.set_value(value)
             numeric = (vals[0] - vals[1]) / (2 * eps)
-            np.testing.assert_allclose(g[idx], numeric, rtol=rtol, atol=atol, err_msg=f"{var.name}{idx}")
+            np.testing.assert_allclose(
+                g[idx], numeric, rtol=rtol, atol=atol, err_msg=f"{var.name}{idx}"
+            )
 
 
 # ---------------------------------------------------------------- conv
@@ -108,7 +115,8 @@ def check_grads(layer, x, out, xv, n_coords=6, eps=1e-6, rtol=1e-5, atol=1e-7, w
 )
 def test_conv_forward_and_grad(c, h, f, k, stride, pad, groups):
     layer, x, out = build64(
-        lambda s: L.Conv2D(s, f, k, stride=stride, pad=pad, groups=groups, name="c", rng=R), (c, h, h)
+        lambda s: L.Conv2D(s, f, k, stride=stride, pad=pad, groups=groups, name="c", rng=R),
+        (c, h, h),
     )
     layer.b.set_value(R.standard_normal(f))
     xv = R.standard_normal((2, c, h, h))
@@ -169,7 +177,9 @@ def test_lrn_forward_and_grad(n):
     # large alpha so that the normalisation is far from the identity
     layer, x, out = build64(lambda s: L.LRN(s, n=n, k=2.0, alpha=0.5, beta=0.75), (7, 4, 4))
     xv = R.standard_normal((2, 7, 4, 4)) * 2
-    np.testing.assert_allclose(forward(layer, x, out, xv), ref_lrn(xv, n, 2.0, 0.5, 0.75), rtol=1e-12)
+    np.testing.assert_allclose(
+        forward(layer, x, out, xv), ref_lrn(xv, n, 2.0, 0.5, 0.75), rtol=1e-12
+    )
     check_grads(layer, x, out, xv)
     with pytest.raises(ValueError, match="n=4 must be a positive odd int"):
         L.LRN((7, 4, 4), n=4)
@@ -253,12 +263,18 @@ def test_batchnorm_train_and_eval():
     xv = R.standard_normal((5, 3, 4, 4)) * 3 + 1
     m, v = xv.mean(axis=(0, 2, 3)), xv.var(axis=(0, 2, 3))
     g, be = layer.gamma.get_value(), layer.beta.get_value()
-    want = (xv - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5) * g[:, None, None] + be[:, None, None]
-    np.testing.assert_allclose(pytensor.function([x], out_t, updates=ups, mode=PY)(xv), want, rtol=1e-10)
+    want = (xv - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5) * g[:, None, None] + be[
+        :, None, None
+    ]
+    np.testing.assert_allclose(
+        pytensor.function([x], out_t, updates=ups, mode=PY)(xv), want, rtol=1e-10
+    )
     np.testing.assert_allclose(layer.mean.get_value(), 0.5 * m, rtol=1e-10)
     np.testing.assert_allclose(layer.var.get_value(), 0.5 + 0.5 * v, rtol=1e-10)
     rm, rv = layer.mean.get_value(), layer.var.get_value()
-    want_e = (xv - rm[:, None, None]) / np.sqrt(rv[:, None, None] + 1e-5) * g[:, None, None] + be[:, None, None]
+    want_e = (xv - rm[:, None, None]) / np.sqrt(rv[:, None, None] + 1e-5) * g[:, None, None] + be[
+        :, None, None
+    ]
     np.testing.assert_allclose(pytensor.function([x], out_e, mode=PY)(xv), want_e, rtol=1e-10)
     check_grads(layer, x, out_t, xv)
 

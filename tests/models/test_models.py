@@ -36,7 +36,13 @@ def test_full_size_parameter_count_and_shapes(name, size, published, flops):
 
 def test_alexnet_layer_shapes_match_the_paper():
     m = create_model(
-        {"name": "alexnet", "input_size": 227, "channels": 3, "n_classes": 1000, "arch": {"fc_units": 8}}
+        {
+            "name": "alexnet",
+            "input_size": 227,
+            "channels": 3,
+            "n_classes": 1000,
+            "arch": {"fc_units": 8},
+        }
     )
     shapes = {layer.name: layer.out_shape for layer in m.net.layers}
     assert shapes["conv1"] == (96, 55, 55) and shapes["pool1"] == (96, 27, 27)
@@ -59,9 +65,13 @@ TINY = {
 # (test_small_cnn.py, "mlp" here) and test_layers.py compiles conv+LRN+pool in C. The deeper
 # nets run the very same graph on PyTensor's Python linker (numpy perform, no gcc).
 PY = Mode(linker="py", optimizer="fast_compile")
+SLOW = {"googlenet", "vgg16"}  # minutes of graph rewriting even on the Python linker
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize(
+    "name",
+    [n if n not in SLOW else pytest.param(n, marks=pytest.mark.slow) for n in sorted(TINY)],
+)
 def test_tiny_variant_output_shape_and_one_sgd_step_lowers_loss(name):
     sec = {"name": name, "channels": 3, "n_classes": 10, "learning_rate": 0.01, **TINY[name]}
     m = create_model(sec).build(8, mode=None if name == "mlp" else PY)

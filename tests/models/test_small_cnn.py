@@ -30,7 +30,9 @@ def test_digits_yaml_validates_and_builds_small_cnn(run_config):
     names = [p.name for p in model.params]
     assert len(set(names)) == len(names) and names[:2] == ["conv1.W", "conv1.b"]
     assert model.n_params() == (3 * 9 + 1) * 32 + (32 * 9 + 1) * 64 + (64 * 49 + 1) * 128 + 129 * 10
-    assert [s.get_value().shape for s in model.opt_state] == [p.get_value().shape for p in model.params]
+    assert [s.get_value().shape for s in model.opt_state] == [
+        p.get_value().shape for p in model.params
+    ]
     assert [g.get_value().shape for g in model.grads] == [p.get_value().shape for p in model.params]
 
 

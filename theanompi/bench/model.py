@@ -130,7 +130,9 @@ def _torch_net(model: Any) -> Any:
         if isinstance(layer, L.MaxPool2D):
             return nn.MaxPool2d(layer.k, layer.s, layer.p, ceil_mode=layer.ceil_mode)
         if isinstance(layer, L.AvgPool2D):
-            return nn.AvgPool2d(layer.k, layer.s, layer.p, ceil_mode=layer.ceil_mode, count_include_pad=False)
+            return nn.AvgPool2d(
+                layer.k, layer.s, layer.p, ceil_mode=layer.ceil_mode, count_include_pad=False
+            )
         if isinstance(layer, L.GlobalAvgPool):
             return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
         if isinstance(layer, L.LRN):
@@ -147,7 +149,11 @@ def _torch_net(model: Any) -> Any:
         if isinstance(layer, L.Concat):
             return _TorchConcat([tr(b) for b in layer.branches])
         if isinstance(layer, L.BatchNorm):
-            return nn.BatchNorm2d(layer.in_shape[0]) if len(layer.in_shape) == 3 else nn.BatchNorm1d(layer.in_shape[0])
+            return (
+                nn.BatchNorm2d(layer.in_shape[0])
+                if len(layer.in_shape) == 3
+                else nn.BatchNorm1d(layer.in_shape[0])
+            )
         raise TypeError(f"no torch translation for {layer!r}")
 
     return tr(model.net)
@@ -246,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.case or ["alexnet:32", "alexnet:128", "small_cnn:32"]:
         name, _, b = spec.partition(":")
         if name not in CASES or not b.isdigit():
-            print(f"tmpi bench model: bad --case {spec!r}; use MODEL:BATCH with MODEL in {', '.join(CASES)}")
+            print(
+                f"tmpi bench model: bad --case {spec!r}; use MODEL:BATCH with MODEL in {', '.join(CASES)}"
+            )
             return 2
         cases.append((name, int(b)))
 
@@ -287,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in dict.fromkeys(n for n, _ in cases):
             compile_rows[name] = _compile_times(name)
             c = compile_rows[name]
-            print(f"{name:>10} compile+build: cold cache {c['cold']:.1f} s, warm cache {c['warm']:.1f} s")
+            print(
+                f"{name:>10} compile+build: cold cache {c['cold']:.1f} s, warm cache {c['warm']:.1f} s"
+            )
     print()
     print("| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |")
     print("|---|---|---|---|---|---|")
@@ -298,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"gemm_gflops": gflops, "threads": threads, "rows": rows, "compile": compile_rows}, fh, indent=2)
+            json.dump(
+                {"gemm_gflops": gflops, "threads": threads, "rows": rows, "compile": compile_rows},
+                fh,
+                indent=2,
+            )
     return 0
 
 

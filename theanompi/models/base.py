@@ -112,7 +112,11 @@ class Model:
             if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
                 raise ConfigError(f"model.{key} must be a positive int, got {cfg[key]!r}")
         self.arch = self._check_arch(cfg.get("arch") or {})
-        self.input_shape: tuple[int, int, int] = (cfg["channels"], cfg["input_size"], cfg["input_size"])
+        self.input_shape: tuple[int, int, int] = (
+            cfg["channels"],
+            cfg["input_size"],
+            cfg["input_size"],
+        )
         self.n_classes: int = cfg["n_classes"]
         self.batch_size: int = cfg["batch_size"]
         self.base_lr = float(cfg["learning_rate"])
@@ -181,8 +185,7 @@ class Model:
         )
         self.opt_state = list(self.optimizer.state)
         self.grads = [
-            pytensor.shared(_zeros_like(p), name=f"{p.name}.grad", borrow=True)
-            for p in self.params
+            pytensor.shared(_zeros_like(p), name=f"{p.name}.grad", borrow=True) for p in self.params
         ]
 
     # -- graph ----------------------------------------------------------------------------
@@ -313,5 +316,7 @@ class Model:
     def adjust_hyperparams(self, epoch: int) -> None:
         """Set ``lr`` for 0-based ``epoch`` from ``lr_policy``/``lr_step``/``lr_gamma``."""
         c = self.config
-        lr = step_lr(self.base_lr, int(epoch), list(c["lr_step"]), float(c["lr_gamma"]), c["lr_policy"])
+        lr = step_lr(
+            self.base_lr, int(epoch), list(c["lr_step"]), float(c["lr_gamma"]), c["lr_policy"]
+        )
         self.lr.set_value(np.asarray(lr, dtype=pytensor.config.floatX))

@@ -52,7 +52,9 @@ def _floatx() -> str:
 def _pair(v: int | Sequence[int], what: str, layer: str, minimum: int = 1) -> tuple[int, int]:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         t = (int(v), int(v))
-    elif isinstance(v, Sequence) and len(v) == 2 and all(isinstance(i, (int, np.integer)) for i in v):
+    elif (
+        isinstance(v, Sequence) and len(v) == 2 and all(isinstance(i, (int, np.integer)) for i in v)
+    ):
         t = (int(v[0]), int(v[1]))
     else:
         raise ValueError(f"{layer}: {what}={v!r} must be an int or a pair of ints, e.g. {what}=3")
@@ -68,7 +70,9 @@ def _check_shape(in_shape: Any, ndim: int, layer: str) -> Shape:
         raise ValueError(f"{layer}: in_shape={in_shape!r} must be a tuple of ints") from None
     if len(shape) != ndim or min(shape) < 1:
         want = "(C, H, W)" if ndim == 3 else "(n,)" if ndim == 1 else f"{ndim} positive ints"
-        raise ValueError(f"{layer}: in_shape={in_shape!r} must be {want} per example (no batch axis)")
+        raise ValueError(
+            f"{layer}: in_shape={in_shape!r} must be {want} per example (no batch axis)"
+        )
     return shape
 
 
@@ -107,7 +111,9 @@ def _pad(x: pt.TensorVariable, pad: tuple[int, int, int, int], value: float) -> 
     return x
 
 
-def _crop_or_pad(x: pt.TensorVariable, hw: tuple[int, int], target: tuple[int, int]) -> pt.TensorVariable:
+def _crop_or_pad(
+    x: pt.TensorVariable, hw: tuple[int, int], target: tuple[int, int]
+) -> pt.TensorVariable:
     """Cut or zero-extend the bottom/right of ``x`` (spatial size ``hw``) to ``target``."""
     x = x[:, :, : min(hw[0], target[0]), : min(hw[1], target[1])]
     return _pad(x, (0, max(0, target[0] - hw[0]), 0, max(0, target[1] - hw[1])), 0.0)
@@ -295,7 +301,12 @@ class Conv2D(Layer):
         c, h, w = self.in_shape
         if not isinstance(n_filters, (int, np.integer)) or n_filters < 1:
             raise ValueError(f"{name}: n_filters={n_filters!r} must be a positive int")
-        if not isinstance(groups, (int, np.integer)) or groups < 1 or c % groups or n_filters % groups:
+        if (
+            not isinstance(groups, (int, np.integer))
+            or groups < 1
+            or c % groups
+            or n_filters % groups
+        ):
             raise ValueError(
                 f"{name}: groups={groups!r} must be a positive int dividing both the input "
                 f"channels ({c}) and n_filters ({n_filters})"
@@ -315,7 +326,9 @@ class Conv2D(Layer):
         self.out_shape = (self.n_filters, ho, wo)
         rng = rng if rng is not None else np.random.default_rng(0)
         fan_in = (c // self.groups) * self.k[0] * self.k[1]
-        self.W = self._param("W", _he(rng, (self.n_filters, c // self.groups, *self.k), fan_in, std))
+        self.W = self._param(
+            "W", _he(rng, (self.n_filters, c // self.groups, *self.k), fan_in, std)
+        )
         self.b = self._param("b", np.full(self.n_filters, b_init)) if bias else None
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
@@ -450,7 +463,9 @@ class AvgPool2D(_Pool):
     ) -> None:
         super().__init__(in_shape, pool_size, stride, pad, ceil_mode, name)
         _, h, w = self.in_shape
-        ones = np.zeros((1, 1, h + self._pad4[0] + self._pad4[1], w + self._pad4[2] + self._pad4[3]))
+        ones = np.zeros(
+            (1, 1, h + self._pad4[0] + self._pad4[1], w + self._pad4[2] + self._pad4[3])
+        )
         ones[:, :, self._pad4[0] : self._pad4[0] + h, self._pad4[2] : self._pad4[2] + w] = 1
         (kh, kw), (sh, sw), (ho, wo) = self.k, self.s, self.out_shape[1:]
         count = sum(
@@ -507,9 +522,13 @@ class LRN(Layer):
     ) -> None:
         super().__init__(_check_shape(in_shape, 3, name), name)
         if not isinstance(n, (int, np.integer)) or n < 1 or n % 2 == 0:
-            raise ValueError(f"{name}: n={n!r} must be a positive odd int (window of channels), e.g. 5")
+            raise ValueError(
+                f"{name}: n={n!r} must be a positive odd int (window of channels), e.g. 5"
+            )
         if k <= 0 or alpha < 0 or beta < 0:
-            raise ValueError(f"{name}: need k > 0, alpha >= 0, beta >= 0; got k={k!r}, alpha={alpha!r}, beta={beta!r}")
+            raise ValueError(
+                f"{name}: need k > 0, alpha >= 0, beta >= 0; got k={k!r}, alpha={alpha!r}, beta={beta!r}"
+            )
         self.n, self.k, self.alpha, self.beta = int(n), float(k), float(alpha), float(beta)
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
@@ -549,7 +568,9 @@ class Dropout(Layer):
     (10,)
     """
 
-    def __init__(self, in_shape: Shape, p: float = 0.5, seed: int = 0, name: str = "dropout") -> None:
+    def __init__(
+        self, in_shape: Shape, p: float = 0.5, seed: int = 0, name: str = "dropout"
+    ) -> None:
         super().__init__(in_shape, name)
         if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise ValueError(f"{name}: p={p!r} must be a drop probability in [0, 1), e.g. 0.5")

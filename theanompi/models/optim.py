@@ -21,7 +21,9 @@ def _zeros_like(p: Any) -> np.ndarray:
     return np.zeros(v.shape, dtype=v.dtype)  # calloc: pages are touched only when written
 
 
-def step_lr(base_lr: float, epoch: int, steps: Sequence[int], gamma: float, policy: str = "step") -> float:
+def step_lr(
+    base_lr: float, epoch: int, steps: Sequence[int], gamma: float, policy: str = "step"
+) -> float:
     """Learning rate for 0-based ``epoch``: ``base_lr * gamma ** #{s in steps: epoch >= s}``.
 
     ``steps`` are the epoch counts after which the rate is multiplied by ``gamma``
@@ -85,8 +87,7 @@ class SGD:
         self.nesterov = bool(nesterov)
         self.weight_decay = float(weight_decay)
         self.state = [
-            pytensor.shared(_zeros_like(p), name=f"{p.name}.v", borrow=True)
-            for p in self.params
+            pytensor.shared(_zeros_like(p), name=f"{p.name}.v", borrow=True) for p in self.params
         ]
 
     def updates(self, grads: Sequence[Any]) -> list[tuple[Any, Any]]:

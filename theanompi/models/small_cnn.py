@@ -21,7 +21,7 @@ class SmallCNN(Model):
     --------
     >>> m = SmallCNN({"name": "small_cnn", "input_size": 28, "channels": 3, "n_classes": 10})
     >>> m.net.out_shape, m.n_params()
-    ((10,), 421642)
+    ((10,), 422218)
     """
 
     name = "small_cnn"

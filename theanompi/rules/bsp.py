@@ -126,6 +126,7 @@ def run_bsp(
 
     check_every = int(we.check_every)
     print_freq = max(1, int(cfg.training.print_freq))
+    stop_every = min(print_freq, 10)  # steps between the ranks' Ctrl-C agreement
     stats = StepStats()
     summary: dict[str, Any] = {
         "interrupted": False,
@@ -169,13 +170,15 @@ def run_bsp(
                         compute, exch = t2 - t1, t4 - t2
                     step += 1
                     t5 = wtime()
-                    interrupted = stop.any(comm)
+                    last = k + 1 == train.steps_per_epoch
+                    if (k + 1) % stop_every == 0 or last:  # one sync point less on most steps
+                        interrupted = stop.any(comm)
                     t6 = wtime()
                     exch += t6 - t5
                     stats.add(loss, err, compute, exch, t1 - t0, t6 - t0)
                     if check_every and step % check_every == 0:
                         assert_identical(model.params, comm, step)
-                    if (k + 1) % print_freq == 0 or k + 1 == train.steps_per_epoch:
+                    if (k + 1) % print_freq == 0 or last:
                         entry = prog.window(
                             stats.since(win_start),
                             epoch=epoch,
