@@ -40,8 +40,19 @@ eval: venv
 
 demo: data train eval
 
-test: venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --color=no
+MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(BIN)/mpirun --bind-to none
+
+# The exchange tests also run inside a 2-rank job (each rank a pytest process; rank 1 quiet),
+# then the whole suite runs serially, its MPI tests launching real mpirun jobs themselves.
+test: test-mpi test-serial
+
+test-serial: venv
+	$(PYTEST)
+
+test-mpi: venv
+	$(MPIRUN) -n 2 sh -c 'if [ "$$OMPI_COMM_WORLD_RANK" = 0 ]; then exec $(PYTEST) tests/exchange; \
+	  else exec $(PYTEST) tests/exchange >/dev/null; fi'
 
 bench: bench-prep bench-exchange bench-model bench-train
 

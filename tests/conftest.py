@@ -2,69 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
-from theanompi.launch import mpirun_command, mpirun_env
 from theanompi.pytensor_env import configure
+from theanompi.testing import REPO, run_mpi, tmpi
 
 configure()
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_mpi(
-    n: int,
-    args: Sequence[str],
-    timeout: float = 300,
-    env: dict[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    check: bool = True,
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python <args>`` on ``n`` real MPI ranks; return the finished process (text output).
-
-    With ``check`` (the default) a non-zero exit fails the test and shows both streams.
-    """
-    cmd = mpirun_command(n, [sys.executable, *map(str, args)])
-    full_env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)} | (env or {}))
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO
-    )
-    if check and proc.returncode != 0:
-        pytest.fail(
-            f"mpirun -n {n} {' '.join(map(str, args))} exited {proc.returncode}\n"
-            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
-        )
-    return proc
+__all__ = ["REPO", "run_mpi", "tmpi"]
 
 
 @pytest.fixture
 def mpirun() -> Callable[..., subprocess.CompletedProcess[str]]:
     """``mpirun(n, [script, *args], timeout=300, env=None, check=True)``: real MPI ranks."""
     return run_mpi
-
-
-def tmpi(
-    *args: str,
-    timeout: float = 600,
-    env: dict[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run the ``tmpi`` CLI as a user would (``python -m theanompi.cli ...``); no check."""
-    full_env = os.environ | {"PYTHONPATH": str(REPO)} | (env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "theanompi.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-        cwd=cwd or REPO,
-    )
 
 
 @pytest.fixture

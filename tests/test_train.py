@@ -11,14 +11,13 @@ import pytest
 
 from theanompi.checkpoint import latest_checkpoint, load_checkpoint
 from theanompi.record import read_record
+from theanompi.testing import tmpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import tmpi
-
     root = tmp_path_factory.mktemp("demo")
     out = tmpi("prep", "demo", "--out", str(root / "tree"))
     assert out.returncode == 0, out.stderr

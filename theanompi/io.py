@@ -27,6 +27,9 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     )
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; outputs should look like open()'s
     try:
         yield tmp_path
         os.replace(tmp_path, path)
