@@ -48,6 +48,14 @@ def _exchanger(cfg: Any, comm: Any, arrays: list[Any]) -> Any:
     return ex
 
 
+def _exchange(ex: Any, shared: list[Any]) -> None:
+    """Average the values of ``shared`` over ranks in place (no-op on one rank: ``ex`` is None)."""
+    if ex is not None:
+        arrays = get_values(shared)
+        ex.exchange(arrays)
+        set_values(shared, arrays)
+
+
 def run_bsp(
     cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = None
 ) -> dict[str, Any]:
@@ -151,10 +159,7 @@ def run_bsp(
                     if cdd:
                         loss, err = model.compute_grads(x, y)
                         t2 = wtime()
-                        if ex is not None:
-                            arrays = get_values(model.grads)
-                            ex.exchange(arrays)
-                            set_values(model.grads, arrays)
+                        _exchange(ex, model.grads)
                         t3 = wtime()
                         model.apply_grads()
                         t4 = wtime()
@@ -162,10 +167,7 @@ def run_bsp(
                     else:
                         loss, err = model.train_step(x, y)
                         t2 = wtime()
-                        if ex is not None:
-                            arrays = get_values(model.params)
-                            ex.exchange(arrays)
-                            set_values(model.params, arrays)
+                        _exchange(ex, model.params)
                         t4 = wtime()
                         compute, exch = t2 - t1, t4 - t2
                     step += 1
