@@ -129,3 +129,21 @@ def test_factory_errors():
         create_model({"name": "alexnet", "input_size": 8, "n_classes": 10})
     with pytest.raises(ConfigError, match="arch.hidden must be a list of positive ints"):
         create_model({"name": "mlp", "arch": {"hidden": [0]}})
+
+
+@pytest.mark.parametrize(
+    "name,arch,message",
+    [
+        ("alexnet", {"width": 0.0}, "model.arch.width must be > 0, got 0.0"),
+        ("vgg16", {"fc_units": 0}, "model.arch.fc_units must be >= 1, got 0"),
+        ("googlenet", {"dropout": 1.0}, "model.arch.dropout must be in [0, 1), got 1.0"),
+        ("mlp", {"dropout": -0.1}, "model.arch.dropout must be in [0, 1), got -0.1"),
+        ("small_cnn", {"dropout": 1}, "model.arch.dropout must be in [0, 1), got 1"),
+    ],
+)
+def test_shared_arch_ranges_give_one_line(name, arch, message):
+    from theanompi.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        create_model({"name": name, "channels": 3, "n_classes": 10, "input_size": 32, "arch": arch})
+    assert str(info.value) == message

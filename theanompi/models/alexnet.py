@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from theanompi.errors import ConfigError
 from theanompi.models.base import Model
 from theanompi.models.layers import LRN, Conv2D, Dense, Dropout, Layer, MaxPool2D, ReLU, Sequential
 
@@ -41,11 +40,6 @@ class AlexNet(Model):
 
     def build_network(self) -> Layer:
         a = self.arch
-        if not a["width"] > 0 or a["fc_units"] < 1 or not 0 <= a["dropout"] < 1:
-            raise ConfigError(
-                f"model.arch: need width > 0, fc_units >= 1, 0 <= dropout < 1; got width="
-                f"{a['width']!r}, fc_units={a['fc_units']!r}, dropout={a['dropout']!r}"
-            )
         net = Sequential(self.input_shape, "alexnet")
         for i, (f, k, s, p, g, lrn, pool) in enumerate(_CONVS, 1):
             f = max(g, int(round(f * a["width"] / g)) * g)

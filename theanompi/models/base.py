@@ -54,6 +54,14 @@ def classification_metrics(
     return loss.astype(fx), top1, top5
 
 
+# ranges of the arch keys several models share (checked once their types are right)
+_ARCH_RANGES: dict[str, tuple[Any, str]] = {
+    "width": (lambda v: v > 0, "> 0"),
+    "fc_units": (lambda v: v >= 1, ">= 1"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+}
+
+
 class Model:
     """A trainable classifier: what ``tmpi train`` / ``tmpi eval`` need from a network.
 
@@ -162,6 +170,9 @@ class Model:
                 raise ConfigError(
                     f"model.arch.{key} must be {kind.__name__} (e.g. {default!r}), got {val!r}"
                 )
+        for key, (ok, rule) in _ARCH_RANGES.items():
+            if key in self.ARCH_DEFAULTS and not ok(out[key]):
+                raise ConfigError(f"model.arch.{key} must be {rule}, got {out[key]!r}")
         return out
 
     def build_network(self) -> Layer | None:

@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 
-from theanompi.errors import ConfigError
 from theanompi.models.base import Model
 from theanompi.models.layers import (
     LRN,
@@ -83,11 +82,6 @@ class GoogLeNet(Model):
 
     def build_network(self) -> Layer:
         a = self.arch
-        if not a["width"] > 0 or not 0 <= a["dropout"] < 1:
-            raise ConfigError(
-                f"model.arch: need width > 0 and 0 <= dropout < 1; got width={a['width']!r}, "
-                f"dropout={a['dropout']!r}"
-            )
 
         def w(n: int) -> int:
             return max(1, int(round(n * a["width"])))

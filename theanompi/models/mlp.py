@@ -32,8 +32,6 @@ class MLP(Model):
         hidden, p = self.arch["hidden"], self.arch["dropout"]
         if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
             raise ConfigError(f"model.arch.hidden must be a list of positive ints, got {hidden!r}")
-        if not 0.0 <= p < 1.0:
-            raise ConfigError(f"model.arch.dropout must be in [0, 1), got {p!r}")
         net = Sequential(self.input_shape, "mlp").add(Flatten)
         for i, h in enumerate(hidden, 1):
             net.add(Dense, h, name=f"fc{i}", rng=self.rng).add(ReLU, name=f"relu{i}")

@@ -32,8 +32,6 @@ class SmallCNN(Model):
         chans = a["channels"]
         if not chans or not all(isinstance(c, int) and c > 0 for c in chans):
             raise ConfigError(f"model.arch.channels must be a list of positive ints, got {chans!r}")
-        if not 0.0 <= a["dropout"] < 1.0:
-            raise ConfigError(f"model.arch.dropout must be in [0, 1), got {a['dropout']!r}")
         net = Sequential(self.input_shape, "small_cnn")
         for i, c in enumerate(chans, 1):
             net.add(Conv2D, c, 3, pad=1, name=f"conv{i}", rng=self.rng).add(ReLU, name=f"relu{i}")
