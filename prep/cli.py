@@ -88,6 +88,14 @@ def _guard(fn: F) -> F:
             if size == 1 or getattr(err, "collective", False):
                 if rank == 0:
                     print(f"tmpi: error: {err}", file=sys.stderr, flush=True)
+                if size > 1:
+                    # Every rank raised it. Only rank 0 exits non-zero, after the others have
+                    # returned, so mpirun cannot kill it before its line is out; the job's
+                    # exit code is still rank 0's.
+                    from theanompi.comm import world
+
+                    world().Barrier()
+                    raise typer.Exit(err.exit_code if rank == 0 else 0) from None
                 raise typer.Exit(err.exit_code) from None
             print(f"tmpi: error on rank {rank}/{size}: {err}", file=sys.stderr, flush=True)
             from theanompi.comm import world
