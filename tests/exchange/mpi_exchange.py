@@ -33,6 +33,11 @@ SHAPES: list[tuple[int, ...]] = [
 ]
 F32_RTOL = 1e-6
 STEPS = 2
+# extra configurations checked besides every strategy's defaults: name -> (strategy, options)
+VARIANTS: dict[str, tuple[str, dict[str, int]]] = {
+    "ar/fuse-all/seg777": ("ar", {"fuse_below": 1 << 40, "segment": 777}),
+    "ar/no-fusion/seg1000": ("ar", {"fuse_below": 0, "segment": 1000}),
+}
 
 
 _INPUTS: dict[tuple[int, int], list[np.ndarray]] = {}
@@ -100,10 +105,11 @@ def check(comm: Any, names: list[str], ops: list[str]) -> list[str]:
         refs[s] = (ref, bounds)
     report = []
     for name in names:
-        needs_pow2 = name in ("asa32", "asa16", "copper")
+        strategy, options = VARIANTS.get(name, (name, {}))
+        needs_pow2 = strategy in ("asa32", "asa16", "copper")
         for op in ops:
             try:
-                ex = create_exchanger(name, comm=comm, op=op)
+                ex = create_exchanger(strategy, comm=comm, op=op, **options)
             except ConfigError as err:
                 msg = str(err)
                 if not (needs_pow2 and not is_power_of_two(n)):
@@ -111,7 +117,7 @@ def check(comm: Any, names: list[str], ops: list[str]) -> list[str]:
                 elif f"N={n}" not in msg or "power-of-2" not in msg:
                     fails.append(f"{name}: ConfigError does not name N={n}: {msg}")
                 else:
-                    report.append(f"{name:13s} {op:4s} ConfigError ok: {msg}")
+                    report.append(f"{name:20s} {op:4s} ConfigError ok: {msg}")
                 continue
             if needs_pow2 and not is_power_of_two(n):
                 fails.append(f"{name}: no ConfigError at N={n}")
@@ -143,7 +149,7 @@ def check(comm: Any, names: list[str], ops: list[str]) -> list[str]:
                     fails.append(
                         f"{name} {op} step {step}: ranks differ ({len(set(hashes))} hashes)"
                     )
-            report.append(f"{name:13s} {op:4s} max err / bound = {worst:.3f}")
+            report.append(f"{name:20s} {op:4s} max err / bound = {worst:.3f}")
     if rank == 0:
         print(f"N={n}:\n  " + "\n  ".join(report), flush=True)
     return fails
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from theanompi.exchange import STRATEGIES
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--names", default=",".join(STRATEGIES))
+    p.add_argument("--names", default=",".join([*STRATEGIES, *VARIANTS]))
     p.add_argument("--ops", default="mean,sum")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD

@@ -33,5 +33,6 @@ def test_world() -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     comm = MPI.COMM_WORLD
-    fails = mod.check(comm, ["ar", "asa32", "asa16", "copper", "ar_per_array"], ["mean", "sum"])
+    names = ["ar", "asa32", "asa16", "copper", "ar_per_array", *mod.VARIANTS]
+    fails = mod.check(comm, names, ["mean", "sum"])
     assert comm.allreduce(len(fails)) == 0, fails

@@ -31,7 +31,7 @@ def create_exchanger(name: str, comm: Any = None, op: str = "mean", **kw: Any) -
     comm : mpi4py communicator, optional
     op : {"mean", "sum"}
     **kw
-        Strategy options (``fuse_below`` for ``ar``, ``segment`` for ``copper``).
+        Strategy options (``fuse_below`` and ``segment`` for ``ar``, ``segment`` for ``copper``).
 
     Returns
     -------

@@ -1,4 +1,4 @@
-"""``ar``: fused in-place ``MPI.Allreduce`` (any number of ranks)."""
+"""``ar``: in-place ``MPI.Allreduce`` in cache-sized segments, tiny arrays fused (any N)."""
 
 from __future__ import annotations
 
@@ -7,38 +7,54 @@ import numpy as np
 from theanompi.exchange._fusion import FusionBuffer, split_by_size
 from theanompi.exchange.base import Exchanger
 
-__all__ = ["ArExchanger", "FUSE_BELOW"]
+__all__ = ["ArExchanger", "FUSE_BELOW", "SEGMENT"]
 
-FUSE_BELOW = 1 << 18  # arrays under 256 Ki elements (1 MiB) share one fusion buffer
+FUSE_BELOW = 1 << 14  # arrays under 16 Ki elements (64 KiB) share one fusion buffer
+SEGMENT = 1 << 18  # elements per Allreduce call (1 MiB of float32)
 
 
 class ArExchanger(Exchanger):
-    """Sum (or mean) with ``MPI.Allreduce``: small arrays fused into one buffer, large in place.
+    """Sum (or mean) with ``MPI.Allreduce``: tiny arrays fused, the rest in place in segments.
 
-    Arrays smaller than ``fuse_below`` elements are packed into one fusion buffer and reduced
-    by a single ``Allreduce``, so a model with hundreds of small biases pays one latency, not
-    hundreds. Larger arrays are reduced in place with ``MPI.IN_PLACE`` (no copy at all): above
-    about a megabyte one collective already runs at full bandwidth and packing would only add
-    two memory passes. Works for any N. Every rank ends bit-identical because Open MPI's
-    allreduce algorithms (recursive doubling, ring, Rabenseifner) combine the same partial sums
-    on every rank, and ``a + b == b + a`` exactly; the test suite checks this at N = 2, 3, 4, 8.
+    Two measured effects of Open MPI's shared-memory allreduce shape this strategy
+    (``tmpi bench exchange``; ``docs/exchange.md``):
+
+    * Latency: one call costs ~10 µs however small, so arrays under ``fuse_below`` elements
+      (biases) are packed into one fusion buffer and reduced together.
+    * Bandwidth: one call on a huge buffer runs 3-4x slower per byte than the same bytes in
+      ~1 MiB calls (64 MiB at once: 2.1 GB/s; in 1 MiB pieces: 7.5 GB/s at N=2), because the
+      pieces stay in cache while the ranks add them. So every array of ``fuse_below`` elements
+      or more is reduced in place (``MPI.IN_PLACE``, no copy) in ``segment``-element slices,
+      and each slice is divided by N (``op="mean"``) while it is still in cache.
+
+    Works for any N. Every rank ends bit-identical because Open MPI's allreduce algorithms
+    combine the same partial sums on every rank, and ``a + b == b + a`` exactly; the test
+    suite checks this at N = 2, 3, 4, 8.
 
     Parameters
     ----------
     comm, op
         See :class:`~theanompi.exchange.base.Exchanger`.
     fuse_below : int
-        Arrays with fewer elements than this are fused; ``0`` reduces every array in place,
-        a huge value fuses everything into one buffer.
+        Arrays with fewer elements than this are fused; ``0`` fuses none, a huge value fuses
+        everything into one buffer.
+    segment : int
+        Most elements one ``Allreduce`` call moves; a huge value reduces each array (and the
+        fusion buffer) in one call.
     """
 
     name = "ar"
 
-    def __init__(self, comm=None, op: str = "mean", fuse_below: int = FUSE_BELOW) -> None:
+    def __init__(
+        self, comm=None, op: str = "mean", fuse_below: int = FUSE_BELOW, segment: int = SEGMENT
+    ) -> None:
         super().__init__(comm, op)
         if fuse_below < 0:
             raise ValueError(f"fuse_below must be >= 0 elements, got {fuse_below!r}")
+        if segment < 1:
+            raise ValueError(f"segment must be >= 1 element, got {segment!r}")
         self.fuse_below = int(fuse_below)
+        self.segment = int(segment)
 
     def _prepare(self, arrays: list[np.ndarray]) -> None:
         self._fused, self._direct = split_by_size(arrays, self.fuse_below)
@@ -50,18 +66,25 @@ class ArExchanger(Exchanger):
 
         self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
+    def _reduce_segments(self, buf: np.ndarray) -> None:
+        """Allreduce a contiguous buffer slice by slice, dividing each slice for the mean."""
+        flat = buf.reshape(-1)
+        n = np.float32(self.size)
+        for s0 in range(0, flat.size, self.segment):
+            seg = flat[s0 : s0 + self.segment]
+            self.allreduce(seg)
+            if self.op == "mean":
+                np.divide(seg, n, out=seg)
+
     def _exchange(self, arrays: list[np.ndarray]) -> None:
-        n = self.size if self.op == "mean" else None
         if self._fusion is not None:
             fused = [arrays[i] for i in self._fused]
             self._fusion.pack(fused)
-            self.allreduce(self._fusion.buffer)
-            self._fusion.unpack(fused, divide_by=n)
+            self._reduce_segments(self._fusion.buffer)
+            self._fusion.unpack(fused)
         for i in self._direct:
             a = arrays[i]
             buf = a if a.flags.c_contiguous and a.flags.writeable else np.ascontiguousarray(a)
-            self.allreduce(buf)
-            if n is not None:
-                np.divide(buf, np.float32(n), out=buf)
+            self._reduce_segments(buf)
             if buf is not a:
                 np.copyto(a, buf)
