@@ -18,9 +18,19 @@ from pathlib import Path
 
 from theanompi.comm import local_rank_from_env, local_size_from_env
 
-__all__ = ["configure", "blas_info", "blas_ldflags", "cache_root"]
+__all__ = [
+    "configure",
+    "blas_info",
+    "blas_ldflags",
+    "blas_symbol_prefix",
+    "cache_root",
+    "keep_freed_memory",
+    "SET_BY_CONFIGURE",
+]
 
 _configured = False
+#: environment variables that :func:`configure` set (a benchmark's peer process drops them)
+SET_BY_CONFIGURE: list[str] = []
 
 
 def cache_root() -> Path:
@@ -60,16 +70,22 @@ def _blas_names_used_by_pytensor() -> set[str]:
 
 
 @functools.cache
+def blas_symbol_prefix() -> str:
+    """``"scipy_"`` when the linked OpenBLAS prefixes its symbols (``scipy_sgemm_``), else ``""``."""
+    lib = _openblas_library()
+    symbols = _exported_symbols(lib) if lib is not None else frozenset()
+    return "" if symbols and not any(s.startswith("scipy_") for s in symbols) else "scipy_"
+
+
+@functools.cache
 def blas_ldflags() -> str:
     """Flags for ``pytensor.config.blas__ldflags``; empty when no usable BLAS is found."""
     lib = _openblas_library()
     if lib is None:
         return ""
     symbols = _exported_symbols(lib)
-    prefix = "scipy_"
+    prefix = blas_symbol_prefix()
     used = _blas_names_used_by_pytensor()
-    if symbols and not any(s.startswith(prefix) for s in symbols):
-        prefix = ""
     names = sorted(n for n in used if not symbols or prefix + n in symbols)
     macros = " ".join(f"-D{n}={prefix}{n}" for n in names) if prefix else ""
     libname = lib.name[3:-3]
@@ -86,6 +102,28 @@ def blas_info() -> dict[str, str]:
     }
 
 
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed large blocks for reuse instead of returning them to the kernel.
+
+    PyTensor frees every intermediate array of a step and allocates it again in the next;
+    glibc serves blocks of megabytes from fresh ``mmap``s, so each step page-faults all of
+    them in again (measured: a fifth of the small CNN's step on the 2-core VM). With high
+    ``M_MMAP_THRESHOLD``/``M_TRIM_THRESHOLD`` they come from the heap, already mapped; the
+    cost is a process that keeps its peak footprint. Returns whether the settings took.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, 1 << 30))
+
+
 def configure(*, blas_threads: int | None = None) -> None:
     """Configure PyTensor for this process; call before ``import pytensor``.
 
@@ -99,8 +137,15 @@ def configure(*, blas_threads: int | None = None) -> None:
     local_rank = local_rank_from_env()
     if blas_threads is None:
         blas_threads = max(1, (os.cpu_count() or 1) // max(1, local_size_from_env()))
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        os.environ.setdefault(var, str(blas_threads))
+    threads = {"OPENBLAS_NUM_THREADS": str(blas_threads), "OMP_NUM_THREADS": str(blas_threads)}
+    # Two thread pools share the cores: OpenBLAS's (dense layers) and OpenMP's (the C Ops of
+    # theanompi.models.ops). Idle threads of either must sleep at once rather than spin, or
+    # they steal the cores the other pool is computing on (measured: 2x slower steps).
+    threads |= {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+    for var, value in threads.items():
+        if var not in os.environ:
+            os.environ[var] = value
+            SET_BY_CONFIGURE.append(var)
 
     ours = {
         "floatX": "float32",
@@ -116,6 +161,7 @@ def configure(*, blas_threads: int | None = None) -> None:
     if "pytensor" not in sys.modules:
         os.environ["PYTENSOR_FLAGS"] = ",".join(merged)
 
+    keep_freed_memory()
     import pytensor
 
     if "blas__ldflags" not in user_keys and not os.environ.get("PYTENSORRC"):

@@ -1,6 +1,7 @@
 """Layers: forward against independent numpy float64 references on random data, gradients
-against central finite differences (float64, Python linker: no C compile), and one float32
-C-backend graph checked for BLAS GEMM nodes."""
+against central finite differences (float64, Python linker: the Ops' numpy ``perform``), and
+one float32 C-backend graph checked against the reference. ``test_ops.py`` checks the C code
+of the Ops themselves."""
 
 from __future__ import annotations
 
@@ -280,17 +281,24 @@ def test_batchnorm_train_and_eval():
 
 
 # ---------------------------------------------------------------- the C backend, float32
-def test_float32_c_graph_uses_blas_gemm_and_matches_reference():
+def test_float32_c_graph_uses_the_c_ops_and_matches_reference():
     """conv(groups=2, stride 2) -> ReLU -> LRN -> overlapping max-pool, compiled in C."""
+    from theanompi.models import ops
+    from theanompi.pytensor_env import blas_ldflags
+
     net = L.Sequential((4, 13, 13), "net")
     net.add(L.Conv2D, 6, 5, stride=2, pad=2, groups=2, name="c", rng=R).add(L.ReLU)
     net.add(L.LRN, n=5, alpha=0.5).add(L.MaxPool2D, 3, 2)
     x = pt.tensor4("x", dtype="float32")
     out = net(x)
     fn = pytensor.function([x], [out, pytensor.grad(out.sum(), net.params[0])])
-    ops = {type(node.op).__name__ for node in fn.maker.fgraph.apply_nodes}
-    assert ops & {"Gemm", "Dot22", "Dot22Scalar"}, f"conv is not on C BLAS: {sorted(ops)}"
-    assert not ops & {"Scan", "OpFromGraph"}
+    nodes = fn.maker.fgraph.apply_nodes
+    kinds = {type(node.op) for node in nodes}
+    assert {ops.Conv2d, ops.Conv2dGradWeights, ops.LRNOp, ops.Pool2d} <= kinds, kinds
+    conv = next(n.op for n in nodes if isinstance(n.op, ops.Conv2d))
+    assert "sgemm_" in conv.c_support_code() and conv.c_libraries() == ["scipy_openblas"]
+    assert "-Dsgemm_=scipy_sgemm_" in blas_ldflags()
+    assert not {type(n.op).__name__ for n in nodes} & {"Scan", "OpFromGraph"}
     xv = R.standard_normal((3, 4, 13, 13)).astype(np.float32)
     got, _ = fn(xv)
     w, b = (p.get_value().astype(np.float64) for p in net.params)

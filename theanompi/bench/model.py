@@ -35,13 +35,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="MODEL:BATCH",
         help="model and batch to time (repeatable); default alexnet:32 alexnet:128 small_cnn:32",
     )
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per case (median reported)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per block (median reported)")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="blocks of steps, ours and PyTorch alternating"
+    )
     ap.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default: cores)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
     ap.add_argument("--no-compile", action="store_true", help="skip the cold/warm compile timing")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--_compile_only", metavar="MODEL", help=argparse.SUPPRESS)
+    ap.add_argument("--_torch_child", metavar="MODEL:BATCH", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -79,7 +82,8 @@ def _gemm_gflops(threads: int, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def _time_ours(sec: dict, batch: int, steps: int, warmup: int) -> dict[str, float]:
+def _build_ours(sec: dict, batch: int) -> dict[str, Any]:
+    """Our model built and compiled, with one random batch and a ``step()`` to time."""
     import numpy as np
 
     from theanompi.models import create_model
@@ -92,20 +96,24 @@ def _time_ours(sec: dict, batch: int, steps: int, warmup: int) -> dict[str, floa
     rng = np.random.default_rng(0)
     x = rng.normal(0, 50, (batch, *m.input_shape)).astype(np.float32)
     y = rng.integers(0, m.n_classes, batch).astype(np.int32)
-    for _ in range(warmup):
-        m.train_step(x, y)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        m.train_step(x, y)
-        times.append(time.perf_counter() - t)
     return {
-        "step_s": statistics.median(times),
+        "step": lambda: m.train_step(x, y),
         "construct_s": t_build - t0,
         "compile_s": t_compile,
         "train_flops": _train_flops(m),
         "model": m,
     }
+
+
+def _timed(step: Any, n: int) -> list[float]:
+    """Seconds of each of ``n`` calls of ``step`` after one untimed call (warm caches)."""
+    step()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def _torch_net(model: Any) -> Any:
@@ -175,7 +183,8 @@ class _TorchConcat:  # built lazily as an nn.Module subclass (torch is a dev dep
         return Concat(branches)
 
 
-def _time_torch(model: Any, batch: int, steps: int, warmup: int, threads: int) -> float:
+def _torch_step(model: Any, batch: int, threads: int) -> Any:
+    """A ``step()`` running one SGD step of the torch translation of ``model``."""
     import torch
 
     torch.set_num_threads(threads)
@@ -192,18 +201,58 @@ def _time_torch(model: Any, batch: int, steps: int, warmup: int, threads: int) -
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
+        loss_fn(net(x), y).backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return step
+
+
+def _torch_child(spec: str, threads: int) -> int:
+    """Peer process: build the torch twin of MODEL:BATCH, then per stdin line ``n`` time ``n``
+    steps and print their seconds as JSON. Runs outside our thread settings (own process)."""
+    import torch  # noqa: F401 - first: its OpenMP reads the environment before configure() runs
+
+    from theanompi.models import create_model
+
+    name, _, b = spec.partition(":")
+    model = create_model({**CASES[name], "batch_size": int(b)})
+    step = _torch_step(model, int(b), threads)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(json.dumps(_timed(step, int(line))), flush=True)
+    return 0
+
+
+class _TorchPeer:
+    """The torch side of a case, in a child process that times steps on request.
+
+    Timing ours and torch in alternating blocks spreads the machine's drifts over both,
+    and a separate process keeps the two OpenMP runtimes and our thread settings apart.
+    """
+
+    def __init__(self, name: str, batch: int, threads: int) -> None:
+        from theanompi.pytensor_env import SET_BY_CONFIGURE
+
+        env = {k: v for k, v in os.environ.items() if k not in SET_BY_CONFIGURE}
+        cmd = [sys.executable, "-m", "theanompi.bench.model", "--_torch_child", f"{name}:{batch}"]
+        self.proc = subprocess.Popen(
+            [*cmd, "--threads", str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            raise ImportError("torch peer did not start (is torch installed? it is a dev extra)")
+
+    def timed(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def _compile_only(name: str) -> int:
@@ -240,11 +289,13 @@ def _compile_times(name: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the benchmark table (medians); return 0."""
+    """Print the benchmark table (medians of every timed step); return 0."""
     args = _parse(argv)
+    threads = args.threads or os.cpu_count() or 1
     if args._compile_only:
         return _compile_only(args._compile_only)
-    threads = args.threads or os.cpu_count() or 1
+    if args._torch_child:
+        return _torch_child(args._torch_child, threads)
     from theanompi.pytensor_env import configure
 
     configure(blas_threads=threads)
@@ -262,16 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"BLAS: 2048^2 float32 Dot22 = {gflops:.1f} GFLOP/s on {threads} thread(s)")
     rows = []
     for name, batch in cases:
-        r = _time_ours(CASES[name], batch, args.steps, args.warmup)
-        ours_ips = batch / r["step_s"]
-        floor_ips = gflops * 1e9 / r["train_flops"]
-        torch_ips = float("nan")
+        r = _build_ours(CASES[name], batch)
+        peer = None
         if not args.no_torch:
             try:
-                torch_ips = batch / _time_torch(r["model"], batch, args.steps, args.warmup, threads)
-            except ImportError:
-                print("torch not installed (dev extra): skipping the PyTorch column")
+                peer = _TorchPeer(name, batch, threads)
+            except ImportError as err:
+                print(f"{err}: skipping the PyTorch column")
                 args.no_torch = True
+        ours_t: list[float] = []
+        torch_t: list[float] = []
+        for _ in range(args.rounds):
+            ours_t += _timed(r["step"], args.steps)
+            if peer is not None:
+                torch_t += peer.timed(args.steps)
+        if peer is not None:
+            peer.close()
+        ours_ips = batch / statistics.median(ours_t)
+        torch_ips = batch / statistics.median(torch_t) if torch_t else float("nan")
+        floor_ips = gflops * 1e9 / r["train_flops"]
         row = {
             "model": name,
             "batch": batch,

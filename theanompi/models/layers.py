@@ -4,8 +4,8 @@ Every layer works on channel-first float32 tensors ``(b, C, H, W)`` (or ``(b, n)
 layers), knows the per-example shape it takes (``in_shape``) and gives (``out_shape``), owns
 its trainable shared variables in ``params`` (named ``<layer>.W``, ``<layer>.b``), and builds
 its symbolic output with ``layer(x, train=...)``. PyTensor 3.x ships no ``nnet`` module, so
-convolution, pooling and LRN are built here from strided slices, ``Join`` and ``dot`` (which
-PyTensor lowers to the C BLAS ``Gemm``/``Dot22``); gradients come from PyTensor's autodiff.
+convolution, pooling and LRN are the C Ops of :mod:`theanompi.models.ops` (im2col + BLAS GEMM
+for convolutions), each with a gradient Op; the rest is plain PyTensor and its autodiff.
 """
 
 from __future__ import annotations
@@ -23,6 +23,15 @@ import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 from pytensor.tensor.special import softmax  # noqa: E402
 
+from theanompi.models.ops import (  # noqa: E402
+    concat_channels,
+    conv2d,
+    conv_output_size,
+    lrn,
+    pool2d,
+    pool_output_size,
+)
+
 __all__ = [
     "Layer",
     "Sequential",
@@ -38,7 +47,6 @@ __all__ = [
     "Flatten",
     "Concat",
     "BatchNorm",
-    "im2col",
     "pool_output_size",
 ]
 
@@ -74,82 +82,6 @@ def _check_shape(in_shape: Any, ndim: int, layer: str) -> Shape:
             f"{layer}: in_shape={in_shape!r} must be {want} per example (no batch axis)"
         )
     return shape
-
-
-def pool_output_size(n: int, k: int, s: int, pad: int = 0, ceil_mode: bool = False) -> int:
-    """Output side of a ``k``-window, stride-``s`` pooling/conv over a side of ``n``.
-
-    >>> pool_output_size(55, 3, 2), pool_output_size(112, 3, 2, ceil_mode=True)
-    (27, 56)
-    """
-    span = n + 2 * pad - k
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= n + pad:  # last window must start inside the input
-        out -= 1
-    return out
-
-
-def _pad(x: pt.TensorVariable, pad: tuple[int, int, int, int], value: float) -> pt.TensorVariable:
-    """Pad the two last axes (top, bottom, left, right) with ``value``; differentiable.
-
-    Built from ``Join`` of one-row/one-column ``full_like`` blocks, not ``Alloc`` with a
-    symbolic batch size, whose static-shape inference walks the whole upstream graph.
-    """
-    top, bottom, left, right = pad
-    if not any(pad):
-        return x
-
-    def block(t: pt.TensorVariable) -> pt.TensorVariable:
-        return pt.zeros_like(t) if value == 0 else pt.full_like(t, np.asarray(value, dtype=t.dtype))
-
-    if top or bottom:
-        row = block(x[:, :, :1, :])
-        x = pt.join(2, *([row] * top), x, *([row] * bottom))
-    if left or right:
-        col = block(x[:, :, :, :1])
-        x = pt.join(3, *([col] * left), x, *([col] * right))
-    return x
-
-
-def _crop_or_pad(
-    x: pt.TensorVariable, hw: tuple[int, int], target: tuple[int, int]
-) -> pt.TensorVariable:
-    """Cut or zero-extend the bottom/right of ``x`` (spatial size ``hw``) to ``target``."""
-    x = x[:, :, : min(hw[0], target[0]), : min(hw[1], target[1])]
-    return _pad(x, (0, max(0, target[0] - hw[0]), 0, max(0, target[1] - hw[1])), 0.0)
-
-
-def _windows(
-    x: pt.TensorVariable, k: tuple[int, int], s: tuple[int, int], out_hw: tuple[int, int]
-) -> list[pt.TensorVariable]:
-    """The ``kh*kw`` strided views ``x[:, :, i::sh, j::sw]`` of output size ``out_hw``."""
-    (kh, kw), (sh, sw), (ho, wo) = k, s, out_hw
-    return [
-        x[:, :, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
-        for i in range(kh)
-        for j in range(kw)
-    ]
-
-
-def im2col(
-    x: pt.TensorVariable,
-    k: tuple[int, int],
-    s: tuple[int, int],
-    p: tuple[int, int],
-    in_hw: tuple[int, int],
-    channels: int,
-) -> tuple[pt.TensorVariable, tuple[int, int]]:
-    """Patch matrix of ``x`` (b, C, H, W): shape ``(C*kh*kw, b*Ho*Wo)``, rows ordered (C, kh, kw).
-
-    One ``Join`` of ``kh*kw`` strided views writes it; a filter bank reshaped to
-    ``(F, C*kh*kw)`` times this matrix is the convolution (cross-correlation, as in Caffe).
-    """
-    ho = pool_output_size(in_hw[0], k[0], s[0], p[0])
-    wo = pool_output_size(in_hw[1], k[1], s[1], p[1])
-    xp = _pad(x, (p[0], p[0], p[1], p[1]), 0.0)
-    views = [v.dimshuffle(1, "x", 0, 2, 3) for v in _windows(xp, k, s, (ho, wo))]  # (C,1,b,Ho,Wo)
-    cols = views[0] if len(views) == 1 else pt.join(1, *views)  # (C, kh*kw, b, Ho, Wo)
-    return cols.reshape((channels * k[0] * k[1], -1)), (ho, wo)
 
 
 class Layer:
@@ -259,7 +191,7 @@ class Sequential(Layer):
 
 
 class Conv2D(Layer):
-    """2-D convolution (cross-correlation) by im2col + one GEMM per group, plus bias.
+    """2-D convolution (cross-correlation, C Op: im2col + one BLAS GEMM per group), plus bias.
 
     Parameters
     ----------
@@ -316,8 +248,8 @@ class Conv2D(Layer):
         self.p = _pair(pad, "pad", name, minimum=0)
         self.groups = int(groups)
         self.n_filters = int(n_filters)
-        ho = pool_output_size(h, self.k[0], self.s[0], self.p[0])
-        wo = pool_output_size(w, self.k[1], self.s[1], self.p[1])
+        ho = conv_output_size(h, self.k[0], self.s[0], self.p[0])
+        wo = conv_output_size(w, self.k[1], self.s[1], self.p[1])
         if ho < 1 or wo < 1:
             raise ValueError(
                 f"{name}: filter_size={self.k} with pad={self.p} does not fit input {h}x{w}; "
@@ -332,52 +264,11 @@ class Conv2D(Layer):
         self.b = self._param("b", np.full(self.n_filters, b_init)) if bias else None
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        c, h, w = self.in_shape
-        f, (ho, wo), g = self.n_filters, self.out_shape[1:], self.groups
-        wk, fg, kg = self.W, f // g, (c // g) * self.k[0] * self.k[1]
-        if self.k == (1, 1) and self.s == (1, 1) and self.p == (0, 0):
-            cols = x.dimshuffle(1, 0, 2, 3).reshape((c, -1))  # 1x1 conv: no patches needed
-        elif self.s != (1, 1) and self.k != (1, 1):
-            xs, wk, q = self._space_to_depth(x, wk)
-            cs = c * self.s[0] * self.s[1]
-            kg = (cs // g) * q[0] * q[1]
-            hs = (ho + q[0] - 1, wo + q[1] - 1)
-            cols, _ = im2col(xs, q, (1, 1), (0, 0), hs, cs)
-        else:
-            cols, _ = im2col(x, self.k, self.s, self.p, (h, w), c)  # (C*kh*kw, b*Ho*Wo)
-        wmat = wk.reshape((f, -1))  # (F, C/g*kh*kw)
-        outs = [pt.dot(wmat[i * fg : (i + 1) * fg], cols[i * kg : (i + 1) * kg]) for i in range(g)]
-        out = outs[0] if g == 1 else pt.join(0, *outs)  # (F, b*Ho*Wo)
-        out = out.reshape((f, -1, ho, wo)).dimshuffle(1, 0, 2, 3)
-        if self.b is not None:
-            out = out + self.b.dimshuffle("x", 0, "x", "x")
-        return out
-
-    def _space_to_depth(
-        self, x: pt.TensorVariable, wk: pt.TensorVariable
-    ) -> tuple[pt.TensorVariable, pt.TensorVariable, tuple[int, int]]:
-        """Turn a stride-s conv into a stride-1 conv over s*s times the channels.
-
-        The kernel is zero-extended to a multiple of the stride (k' = q*s) and input and
-        kernel are folded ``(C, H, W) -> (C*s*s, H/s, W/s)``; the result is exact and needs
-        q*q patch views instead of k*k (AlexNet conv1: 9 instead of 121).
-        """
-        (kh, kw), (sh, sw), (ph, pw) = self.k, self.s, self.p
-        c, h, w = self.in_shape
-        f, cg = self.n_filters, c // self.groups
-        ho, wo = self.out_shape[1:]
-        qh, qw = -(-kh // sh), -(-kw // sw)
-        hp, wp = (ho + qh - 1) * sh, (wo + qw - 1) * sw  # padded input that all windows use
-        xp = _pad(x, (ph, 0, pw, 0), 0.0)
-        xp = _crop_or_pad(xp, (h + ph, w + pw), (hp, wp))
-        xs = xp.reshape((-1, c, hp // sh, sh, wp // sw, sw)).dimshuffle(0, 1, 3, 5, 2, 4)
-        xs = xs.reshape((-1, c * sh * sw, hp // sh, wp // sw))
-        if (qh * sh, qw * sw) != (kh, kw):
-            zeros = pt.zeros((f, cg, qh * sh, qw * sw), dtype=wk.dtype)
-            wk = pt.set_subtensor(zeros[:, :, :kh, :kw], wk)
-        ws = wk.reshape((f, cg, qh, sh, qw, sw)).dimshuffle(0, 1, 3, 5, 2, 4)
-        ws = ws.reshape((f, cg * sh * sw, qh, qw))
-        return xs, ws, (qh, qw)
+        # shared variables carry no static shape: state it, so that every shape downstream
+        # (and in the gradient graph) is a constant and PyTensor's rewrites need no shape graphs
+        w = pt.specify_shape(self.W, self.W.get_value(borrow=True).shape)
+        b = None if self.b is None else pt.specify_shape(self.b, (self.n_filters,))
+        return conv2d(x, w, b, self.s, self.p, self.groups)
 
     def flops(self) -> int:
         c = self.in_shape[0] // self.groups
@@ -385,15 +276,20 @@ class Conv2D(Layer):
 
 
 class _Pool(Layer):
+    """Max or average pooling (the C Op :func:`~theanompi.models.ops.pool2d`)."""
+
+    mode = ""
+
     def __init__(
         self,
         in_shape: Shape,
-        pool_size: int | Sequence[int],
-        stride: int | Sequence[int] | None,
-        pad: int | Sequence[int],
-        ceil_mode: bool,
-        name: str,
+        pool_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] | None = None,
+        pad: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+        name: str | None = None,
     ) -> None:
+        name = name or f"{self.mode}pool"
         super().__init__(_check_shape(in_shape, 3, name), name)
         self.k = _pair(pool_size, "pool_size", name)
         self.s = _pair(self.k if stride is None else stride, "stride", name)
@@ -407,83 +303,31 @@ class _Pool(Layer):
         if ho < 1 or wo < 1:
             raise ValueError(f"{name}: pool_size={self.k} does not fit input {h}x{w}")
         self.out_shape = (c, ho, wo)
-        # extra bottom/right padding so that every output window is inside the padded map
-        self._pad4 = (
-            self.p[0],
-            max(0, (ho - 1) * self.s[0] + self.k[0] - h - self.p[0]),
-            self.p[1],
-            max(0, (wo - 1) * self.s[1] + self.k[1] - w - self.p[1]),
-        )
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return pool2d(x, self.k, self.s, self.p, self.mode, self.ceil_mode)
 
 
 class MaxPool2D(_Pool):
-    """Max pooling from ``k*k`` strided slices combined by ``maximum`` (overlapping allowed).
-
-    Padding counts as ``-inf``; ``ceil_mode`` keeps the partial last window (Caffe).
+    """Max pooling, overlapping windows allowed; padding never wins, ``ceil_mode`` keeps the
+    partial last window (Caffe). Arguments: ``pool_size``, ``stride`` (default: the pool
+    size), ``pad``, ``ceil_mode``, ``name``.
 
     >>> MaxPool2D((96, 55, 55), 3, stride=2).out_shape
     (96, 27, 27)
     """
 
-    def __init__(
-        self,
-        in_shape: Shape,
-        pool_size: int | Sequence[int] = 2,
-        stride: int | Sequence[int] | None = None,
-        pad: int | Sequence[int] = 0,
-        ceil_mode: bool = False,
-        name: str = "maxpool",
-    ) -> None:
-        super().__init__(in_shape, pool_size, stride, pad, ceil_mode, name)
-
-    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        xp = _pad(x, self._pad4, -np.inf)
-        views = _windows(xp, self.k, self.s, self.out_shape[1:])
-        out = views[0]
-        for v in views[1:]:
-            out = pt.maximum(out, v)
-        return out
+    mode = "max"
 
 
 class AvgPool2D(_Pool):
-    """Average pooling from strided slices; zero padding is excluded from the mean.
+    """Average pooling; padding is excluded from the mean. Arguments as :class:`MaxPool2D`.
 
     >>> AvgPool2D((8, 7, 7), 7, stride=1).out_shape
     (8, 1, 1)
     """
 
-    def __init__(
-        self,
-        in_shape: Shape,
-        pool_size: int | Sequence[int] = 2,
-        stride: int | Sequence[int] | None = None,
-        pad: int | Sequence[int] = 0,
-        ceil_mode: bool = False,
-        name: str = "avgpool",
-    ) -> None:
-        super().__init__(in_shape, pool_size, stride, pad, ceil_mode, name)
-        _, h, w = self.in_shape
-        ones = np.zeros(
-            (1, 1, h + self._pad4[0] + self._pad4[1], w + self._pad4[2] + self._pad4[3])
-        )
-        ones[:, :, self._pad4[0] : self._pad4[0] + h, self._pad4[2] : self._pad4[2] + w] = 1
-        (kh, kw), (sh, sw), (ho, wo) = self.k, self.s, self.out_shape[1:]
-        count = sum(
-            ones[:, :, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
-            for i in range(kh)
-            for j in range(kw)
-        )
-        self._inv_count = (1.0 / count).astype(_floatx())
-
-    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        xp = _pad(x, self._pad4, 0.0)
-        views = _windows(xp, self.k, self.s, self.out_shape[1:])
-        total = views[0]
-        for v in views[1:]:
-            total = total + v
-        if np.all(self._inv_count == self._inv_count.flat[0]):
-            return total * np.asarray(self._inv_count.flat[0], dtype=_floatx())
-        return total * pt.constant(self._inv_count)
+    mode = "avg"
 
 
 class GlobalAvgPool(Layer):
@@ -532,17 +376,7 @@ class LRN(Layer):
         self.n, self.k, self.alpha, self.beta = int(n), float(k), float(alpha), float(beta)
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        c, half = self.in_shape[0], self.n // 2
-        sq = pt.sqr(x)
-        if half:
-            zero = pt.zeros_like(sq[:, :1])
-            sq = pt.join(1, *([zero] * half), sq, *([zero] * half))
-        total = sq[:, 0:c]
-        for i in range(1, self.n):
-            total = total + sq[:, i : i + c]
-        fx = _floatx()
-        scale = np.asarray(self.k, fx) + np.asarray(self.alpha / self.n, fx) * total
-        return x * scale ** np.asarray(-self.beta, fx)
+        return lrn(x, self.n, self.k, self.alpha, self.beta)
 
 
 class ReLU(Layer):
@@ -690,7 +524,7 @@ class Concat(Layer):
         pass
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        return pt.join(1, *[b(x, train) for b in self.branches])
+        return concat_channels([b(x, train) for b in self.branches])
 
     def flops(self) -> int:
         return sum(b.flops() for b in self.branches)
