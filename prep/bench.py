@@ -5,8 +5,9 @@ photos that ship inside scikit-learn (``china.jpg``, ``flower.jpg``): random cro
 a little noise, so that every file differs. Both contenders turn the same files into the same
 hickle batches: the baseline decodes every image in full, resizes the shorter side to S,
 crops the centre and writes the batch, in one process; ours is ``prep.batch.run`` (DCT-scaled
-draft decode, box resize straight to S x S with ``reducing_gap``, no extra copies) under
-``mpirun -n 1`` and ``-n 2``, timed with ``MPI.Wtime`` between barriers. Medians of repeats.
+draft decode straight into numpy, numba box resize straight to S x S, blocked c01b transpose)
+under ``mpirun -n 1`` and ``-n 2``, timed with ``MPI.Wtime`` between barriers (its numba
+kernels are loaded before the first barrier). Medians of repeats.
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def batch(
     val_last: ValLast = "pad",
     n: NProcs = None,
 ) -> None:
-    """Decode, resize, centre-crop and write the hickle batches; rank r writes batches r, r+N, ..."""
+    """Decode, resize, centre-crop and write the hickle batches, dealt round-robin over the ranks."""
     from prep.batch import validate_options
 
     validate_options(batch_size, size, layout, last, val_last)

@@ -111,11 +111,74 @@ def reference_decode(path: Path, size: int = S) -> np.ndarray:
         return np.asarray(ImageOps.fit(im, (size, size), Image.Resampling.BILINEAR))
 
 
+def bilinear_taps(n_in: int, b0: float, b1: float, n_out: int) -> list[tuple[int, list[float]]]:
+    """Pillow's ``precompute_coeffs`` for its bilinear filter, plainly: (first input, weights) per output."""
+    scale = (b1 - b0) / n_out
+    fs = max(scale, 1.0)  # the triangle widens when downscaling (antialias); support = fs
+    rows = []
+    for i in range(n_out):
+        centre = b0 + (i + 0.5) * scale
+        lo = max(int(centre - fs + 0.5), 0)
+        hi = min(int(centre + fs + 0.5), n_in)
+        w = [max(0.0, 1.0 - abs((x - centre + 0.5) * (1.0 / fs))) for x in range(lo, hi)]
+        total = 0.0
+        for v in w:  # summed in order, as Pillow
+            total += v
+        rows.append((lo, [v / total for v in w]))
+    return rows
+
+
+def reference_resize(img: np.ndarray, size: int) -> np.ndarray:
+    """(h, w, 3) uint8 -> (S, S, 3): the centred square through ``bilinear_taps`` in float64.
+
+    Vertical pass, then horizontal, taps added in order, rounded once (floor(x + 0.5)).
+    """
+    h, w = img.shape[:2]
+    m = min(w, h)
+    src = img[..., :3].astype(np.float64)
+    tmp = np.empty((size, w, 3))
+    for i, (lo, ws) in enumerate(bilinear_taps(h, (h - m) / 2, (h + m) / 2, size)):
+        acc = ws[0] * src[lo]
+        for k in range(1, len(ws)):
+            acc = acc + ws[k] * src[lo + k]
+        tmp[i] = acc
+    out = np.empty((size, size, 3))
+    for j, (lo, ws) in enumerate(bilinear_taps(w, (w - m) / 2, (w + m) / 2, size)):
+        acc = ws[0] * tmp[:, lo]
+        for k in range(1, len(ws)):
+            acc = acc + ws[k] * tmp[:, lo + k]
+        out[:, j] = acc
+    return np.clip(np.floor(out + 0.5), 0, 255).astype(np.uint8)
+
+
+def reference_pixels(path: Path, size: int) -> np.ndarray:
+    """Pillow's ordinary decode (same JPEG draft as prep), EXIF transpose, RGB: (h, w, 3)."""
+    with Image.open(path) as im:
+        im.draft("RGB", (size, size))
+        im = ImageOps.exif_transpose(im)
+        return np.asarray(im.convert("RGBA" if "transparency" in im.info else "RGB").convert("RGB"))
+
+
+def float_reference(path: Path, size: int = S) -> np.ndarray:
+    """What ``prep`` must produce, exactly: ``reference_pixels`` through ``reference_resize``."""
+    return reference_resize(reference_pixels(path, size), size)
+
+
 @pytest.fixture(scope="session")
 def fx() -> SimpleNamespace:
     """The helpers above, as a fixture (works under any pytest import mode)."""
     return SimpleNamespace(
-        S=S, B=B, WNIDS=WNIDS, make_tree=make_tree, reference_decode=reference_decode, photo=_photo
+        S=S,
+        B=B,
+        WNIDS=WNIDS,
+        make_tree=make_tree,
+        reference_decode=reference_decode,
+        float_reference=float_reference,
+        reference_pixels=reference_pixels,
+        reference_resize=reference_resize,
+        bilinear_taps=bilinear_taps,
+        photo=_photo,
+        jpeg_bytes=_jpeg_bytes,
     )
 
 

@@ -1,7 +1,12 @@
-"""batch: pixel content vs an independent decode, layouts, drop/pad, resume, stale plans."""
+"""batch: pixel content vs independent decodes, layouts, drop/pad, resume, stale plans, dealing.
+
+Two references: Pillow's own ``ImageOps.fit`` (fixed point, uint8 between its passes; we may
+differ by 1) and ``fx.float_reference``, the same filter plainly in float64 numpy (exact).
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,10 +29,15 @@ def test_batches_match_independent_decode(fx, tree, prepped: Path) -> None:
         arr = io.load_batch(f)
         assert arr.shape == (3, fx.S, fx.S, fx.B) and arr.dtype == np.uint8
         for j in range(fx.B):
-            ref = fx.reference_decode(root / order[k * fx.B + j])
-            np.testing.assert_array_equal(
-                arr[..., j].transpose(1, 2, 0), ref, err_msg=order[k * fx.B + j]
-            )
+            got, rel = arr[..., j].transpose(1, 2, 0), order[k * fx.B + j]
+            _close(got, fx.reference_decode(root / rel), rel)
+            np.testing.assert_array_equal(got, fx.float_reference(root / rel), err_msg=rel)
+
+
+def _close(got: np.ndarray, pillow: np.ndarray, what: str) -> None:
+    """Within 1 of Pillow's resize everywhere."""
+    diff = np.abs(got.astype(int) - pillow)
+    assert got.shape == pillow.shape and diff.max() <= 1, (what, diff.max())
 
 
 def test_val_is_padded(fx, tree, prepped: Path) -> None:
@@ -38,9 +48,9 @@ def test_val_is_padded(fx, tree, prepped: Path) -> None:
     last = io.load_batch(io.batch_files(prepped, "val")[-1])
     assert not last[..., 1:].any()  # padded slots are zero
     val_paths = [p for p, _ in expect["val"]]
-    np.testing.assert_array_equal(
-        last[..., 0].transpose(1, 2, 0), fx.reference_decode(root / val_paths[-1])
-    )
+    got = last[..., 0].transpose(1, 2, 0)
+    _close(got, fx.reference_decode(root / val_paths[-1]), val_paths[-1])
+    np.testing.assert_array_equal(got, fx.float_reference(root / val_paths[-1]))
 
 
 def test_exif_rotation_applied(fx, tree) -> None:
@@ -51,9 +61,9 @@ def test_exif_rotation_applied(fx, tree) -> None:
     assert upright.size == (18, 30)  # stored 30x18, displayed 18x30
     from PIL import ImageOps
 
-    np.testing.assert_array_equal(
-        arr, np.asarray(ImageOps.fit(upright, (fx.S, fx.S), Image.Resampling.BILINEAR))
-    )
+    assert arr.shape == (fx.S, fx.S, 3) and arr.dtype == np.uint8 and arr.flags.c_contiguous
+    _close(arr, np.asarray(ImageOps.fit(upright, (fx.S, fx.S), Image.Resampling.BILINEAR)), "exif")
+    np.testing.assert_array_equal(arr, fx.reference_resize(np.asarray(upright), fx.S))
 
 
 def test_large_jpeg_uses_draft_and_stays_close(fx, tmp_path: Path) -> None:
@@ -62,9 +72,10 @@ def test_large_jpeg_uses_draft_and_stays_close(fx, tmp_path: Path) -> None:
     with Image.open(path) as im:
         im.draft("RGB", (64, 64))
         assert im.size == (160, 120)  # DCT-scaled 1/4
-    ours = batch.load_image(path, 64).astype(float)
-    ref = fx.reference_decode(path, 64).astype(float)
+    ours = batch.load_image(path, 64)
+    ref = fx.reference_decode(path, 64).astype(float)  # full decode: not the same pixels
     assert np.abs(ours - ref).mean() < 4.0
+    np.testing.assert_array_equal(ours, fx.float_reference(path, 64))
 
 
 def test_bc01_layout_and_pad_drop(fx, tree, tmp_path: Path, prepped: Path) -> None:
@@ -106,6 +117,36 @@ def test_resume_and_stale_plan(fx, prepped: Path, tmp_path: Path) -> None:
     shuffle.run(out, seed=8)  # a new order: every train batch is stale, val ones are not
     stats = batch.run(out, batch_size=fx.B, size=fx.S, progress=False)
     assert stats["written"] == 3 and stats["reused"] == 2
+
+
+def test_batches_of_the_old_resampler_are_redone(fx, prepped: Path, tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    shutil.copytree(prepped, out)
+    plan_file = io.batch_files(out, "val")[0].parent / "plan.json"
+    plan = json.loads(plan_file.read_text())
+    assert plan["resample"] == batch.RESAMPLE and "reducing_gap" not in plan
+    old = {k: v for k, v in plan.items() if k != "resample"} | {
+        "resample": "bilinear",
+        "reducing_gap": 2.0,
+    }
+    plan_file.write_text(json.dumps(old))  # as written before the numba resampler
+    stats = batch.run(out, batch_size=fx.B, size=fx.S, progress=False)
+    assert stats["written"] == 2 and stats["reused"] == 3  # val redone, train kept
+    assert json.loads(plan_file.read_text()) == plan
+    man = io.read_manifest(out)
+    assert man["resample"] == "bilinear-aa" and "reducing_gap" not in man
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_batches_are_dealt_evenly_over_splits(nranks: int) -> None:
+    plans = {
+        "train": batch.SplitPlan("train", 4, "drop", [[None]] * 9),
+        "val": batch.SplitPlan("val", 4, "pad", [[None]] * 1),
+    }
+    shares = [batch._deal(plans, r, nranks) for r in range(nranks)]
+    every = sorted(x for share in shares for x in share)
+    assert every == sorted([("train", k) for k in range(9)] + [("val", 0)])
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
 @pytest.mark.parametrize(
