@@ -151,6 +151,7 @@ def configure(*, blas_threads: int | None = None) -> None:
         "floatX": "float32",
         "linker": "cvm",
         "mode": "FAST_RUN",
+        "openmp": "True",  # large elementwise ops on the same OpenMP threads as our C Ops
         "base_compiledir": str(cache_root() / "pytensor" / f"rank{local_rank}"),
     }
     user = os.environ.get("PYTENSOR_FLAGS", "")

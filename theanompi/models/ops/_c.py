@@ -27,7 +27,7 @@ __all__ = ["KernelOp", "int_params", "float_params", "C_TYPES"]
 C_TYPES = {"float32": ("npy_float32", "NPY_FLOAT32"), "float64": ("npy_float64", "NPY_FLOAT64")}
 
 # Bump when the C++ below changes: PyTensor keys its compile cache on it.
-_VERSION = 6
+_VERSION = 7
 
 SUPPORT = r"""
 #include <string.h>
@@ -389,62 +389,82 @@ static inline void window(int o, int s, int p, int k, int n, int* lo, int* hi) {
     *hi = b < n ? b : n;
 }
 
+/* out = the max (is_max) or mean of each window; for max, idx (may be NULL) = the offset in
+   the plane of the window's first maximum (row-major), which the gradient scatters to. */
 template <typename T>
-static void pool_forward(const PoolGeom& g, bool is_max, const T* x, T* out) {
+static void pool_forward(const PoolGeom& g, bool is_max, const T* x, T* out, npy_int32* idx) {
     const npy_intp HW = (npy_intp)g.H * g.W, O = (npy_intp)g.Ho * g.Wo;
     #pragma omp parallel for schedule(static)
     for (npy_intp q = 0; q < g.planes; ++q) {
         const T* xp = x + q * HW;
         T* op = out + q * O;
+        npy_int32* ip = idx ? idx + q * O : NULL;
         for (int oy = 0; oy < g.Ho; ++oy) {
             int y0, y1;
             window(oy, g.sh, g.ph, g.kh, g.H, &y0, &y1);
             for (int ox = 0; ox < g.Wo; ++ox) {
                 int x0, x1;
                 window(ox, g.sw, g.pw, g.kw, g.W, &x0, &x1);
-                T acc = is_max ? xp[(npy_intp)y0 * g.W + x0] : (T)0;
-                for (int y = y0; y < y1; ++y) {
-                    const T* r = xp + (npy_intp)y * g.W;
-                    if (is_max) { for (int xx = x0; xx < x1; ++xx) acc = r[xx] > acc ? r[xx] : acc; }
-                    else { for (int xx = x0; xx < x1; ++xx) acc += r[xx]; }
+                const npy_intp o = (npy_intp)oy * g.Wo + ox;
+                if (is_max) {
+                    npy_intp best = (npy_intp)y0 * g.W + x0;
+                    T m = xp[best];
+                    for (int y = y0; y < y1; ++y) {
+                        const T* r = xp + (npy_intp)y * g.W;
+                        for (int xx = x0; xx < x1; ++xx)
+                            if (r[xx] > m) { m = r[xx]; best = (npy_intp)y * g.W + xx; }
+                    }
+                    op[o] = m;
+                    if (ip) ip[o] = (npy_int32)best;
+                } else {
+                    T acc = 0;
+                    for (int y = y0; y < y1; ++y) {
+                        const T* r = xp + (npy_intp)y * g.W;
+                        for (int xx = x0; xx < x1; ++xx) acc += r[xx];
+                    }
+                    op[o] = acc / (T)((y1 - y0) * (x1 - x0));
                 }
-                op[(npy_intp)oy * g.Wo + ox] = is_max ? acc : acc / (T)((y1 - y0) * (x1 - x0));
             }
         }
     }
 }
 
-/* max: each window's gradient goes to its first maximum (row-major order), as in Caffe */
+/* dx of sum(pool(x) * gz): max sends each gz to idx (its window's first maximum, as in Caffe
+   and PyTorch), mean shares it over the window */
 template <typename T>
-static void pool_backward(const PoolGeom& g, bool is_max, const T* x, const T* gz, T* dx) {
+static int pool_backward(const PoolGeom& g, bool is_max, const npy_int32* idx, const T* gz, T* dx) {
     const npy_intp HW = (npy_intp)g.H * g.W, O = (npy_intp)g.Ho * g.Wo;
-    #pragma omp parallel for schedule(static)
+    int bad = 0;
+    #pragma omp parallel for schedule(static) reduction(|: bad)
     for (npy_intp q = 0; q < g.planes; ++q) {
-        const T* xp = x + q * HW;
         const T* gp = gz + q * O;
         T* dp = dx + q * HW;
         memset(dp, 0, sizeof(T) * HW);
+        if (is_max) {
+            const npy_int32* ip = idx + q * O;
+            for (npy_intp o = 0; o < O; ++o) {
+                if (ip[o] < 0 || ip[o] >= HW) { bad = 1; continue; }
+                dp[ip[o]] += gp[o];
+            }
+            continue;
+        }
         for (int oy = 0; oy < g.Ho; ++oy) {
             int y0, y1;
             window(oy, g.sh, g.ph, g.kh, g.H, &y0, &y1);
             for (int ox = 0; ox < g.Wo; ++ox) {
                 int x0, x1;
                 window(ox, g.sw, g.pw, g.kw, g.W, &x0, &x1);
-                const T gv = gp[(npy_intp)oy * g.Wo + ox];
-                if (is_max) {
-                    npy_intp best = (npy_intp)y0 * g.W + x0;
-                    for (int y = y0; y < y1; ++y)
-                        for (int xx = x0; xx < x1; ++xx)
-                            if (xp[(npy_intp)y * g.W + xx] > xp[best]) best = (npy_intp)y * g.W + xx;
-                    dp[best] += gv;
-                } else {
-                    const T share = gv / (T)((y1 - y0) * (x1 - x0));
-                    for (int y = y0; y < y1; ++y)
-                        for (int xx = x0; xx < x1; ++xx) dp[(npy_intp)y * g.W + xx] += share;
-                }
+                const T share = gp[(npy_intp)oy * g.Wo + ox] / (T)((y1 - y0) * (x1 - x0));
+                for (int y = y0; y < y1; ++y)
+                    for (int xx = x0; xx < x1; ++xx) dp[(npy_intp)y * g.W + xx] += share;
             }
         }
     }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "pool2d grad: argmax index outside the input plane");
+        return -1;
+    }
+    return 0;
 }
 
 /* --------------------------------------------------------------------------------------- LRN

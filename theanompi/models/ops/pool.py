@@ -4,7 +4,8 @@ Caffe's ceil mode).
 Window ``(y, x)`` covers input rows ``[y*sh - ph, y*sh - ph + kh)`` and columns likewise,
 clipped to the input: padding never wins a max and is not counted in a mean
 (``count_include_pad=False``). A max window sends its whole gradient to its first maximum in
-row-major order, as Caffe and PyTorch do.
+row-major order, as Caffe and PyTorch do: max pooling has a second, int32 output with that
+maximum's offset in its plane, and the gradient scatters to it.
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ class _PoolOp(KernelOp):
         ctype, typenum = self.c_types(node.outputs[0].dtype)
         p, fail = sub["params"], sub["fail"]
         who = type(self).__name__
+        types = [typenum if v.dtype != "int32" else "NPY_INT32" for v in node.inputs]
         grab = "\n".join(
-            f'PyArrayObject* a{i} = tmpi::contiguous({v}, {typenum}, 4, "{who} input {i}");'
-            for i, v in enumerate(inp)
+            f'PyArrayObject* a{i} = tmpi::contiguous({v}, {t}, 4, "{who} input {i}");'
+            for i, (v, t) in enumerate(zip(inp, types, strict=True))
         )
         ok = " && ".join(f"a{i}" for i in range(len(inp)))
         release = " ".join(f"Py_XDECREF(a{i});" for i in range(len(inp)))
@@ -136,10 +138,12 @@ class _PoolOp(KernelOp):
 
 
 class Pool2d(_PoolOp):
-    """``x (b, C, H, W) -> (b, C, Ho, Wo)``, the max or mean of each window.
+    """``x (b, C, H, W) -> (b, C, Ho, Wo)``, the max or mean of each window; max pooling also
+    gives the int32 offset of each window's first maximum in its plane.
 
-    >>> Pool2d("max", (3, 3), (2, 2))(pt.tensor4("x")).ndim
-    4
+    >>> out, argmax = Pool2d("max", (3, 3), (2, 2))(pt.tensor4("x"))
+    >>> out.dtype, argmax.dtype
+    ('float64', 'int32')
     """
 
     def make_node(self, x: Any) -> Apply:
@@ -149,68 +153,96 @@ class Pool2d(_PoolOp):
         self.c_types(x.dtype)
         b, c, h, w = x.type.shape
         ho, wo = self.out_hw(h, w) if h is not None and w is not None else (None, None)
-        return Apply(self, [x], [pt.tensor(dtype=x.dtype, shape=(b, c, ho, wo))])
+        outs = [pt.tensor(dtype=x.dtype, shape=(b, c, ho, wo))]
+        if self.is_max:
+            outs.append(pt.tensor(dtype="int32", shape=(b, c, ho, wo)))
+        return Apply(self, [x], outs)
 
     def infer_shape(self, fgraph: Any, node: Any, shapes: Any) -> list[tuple[Any, ...]]:
         b, c, h, w = shapes[0]
         known = node.outputs[0].type.shape[2:]  # constants keep the ceil-mode switch out
-        return [(b, c, *(self.out_hw(h, w) if None in known else known))]
+        shape = (b, c, *(self.out_hw(h, w) if None in known else known))
+        return [shape] * len(node.outputs)
 
     def perform(self, node: Any, inputs: Any, outputs: Any) -> None:
         (x,) = inputs
-        ho, wo = self.out_hw(*x.shape[2:])
-        out = np.empty((*x.shape[:2], ho, wo), dtype=x.dtype)
-        for y, xx, rows, cols in self._windows(*x.shape[2:]):
+        b, c, h, w = x.shape
+        ho, wo = self.out_hw(h, w)
+        out = np.empty((b, c, ho, wo), dtype=x.dtype)
+        idx = np.empty((b, c, ho, wo), dtype=np.int32)
+        for y, xx, rows, cols in self._windows(h, w):
             win = x[:, :, rows, cols]
-            out[:, :, y, xx] = win.max(axis=(2, 3)) if self.is_max else win.mean(axis=(2, 3))
+            if self.is_max:
+                k = win.reshape(b, c, -1).argmax(axis=2)  # first maximum, row-major
+                width = cols.stop - cols.start
+                idx[:, :, y, xx] = (rows.start + k // width) * w + cols.start + k % width
+                out[:, :, y, xx] = win.max(axis=(2, 3))
+            else:
+                out[:, :, y, xx] = win.mean(axis=(2, 3))
         outputs[0][0] = out
+        if self.is_max:
+            outputs[1][0] = idx
 
     def c_code(self, node: Any, name: str, inp: Any, out: Any, sub: Any) -> str:
-        call = """
+        idx = out[1] if self.is_max else ""
+        alloc_idx = (
+            f"if (!err) err = tmpi::prepare_output(&{idx}, 4, oshape, NPY_INT32);" if idx else ""
+        )
+        call = (
+            """
             oshape[2] = g.Ho; oshape[3] = g.Wo;
-            if (!err) err = tmpi::prepare_output(&{z}, 4, oshape, {typenum});
+            if (!err) err = tmpi::prepare_output(&{z}, 4, oshape, {typenum});"""
+            + alloc_idx.replace("{", "{{").replace("}", "}}")
+            + """
             if (!err) tmpi::pool_forward<{ctype}>(g, {p}->is_max, ({ctype}*)PyArray_DATA(a0),
-                                                   ({ctype}*)PyArray_DATA({z}));"""
+                                                   ({ctype}*)PyArray_DATA({z}), IDX);""".replace(
+                "IDX", f"(npy_int32*)PyArray_DATA({idx})" if idx else "NULL"
+            )
+        )
         return self._c_glue(node, inp, out[0], sub, call)
+
+    def connection_pattern(self, node: Any) -> list[list[bool]]:
+        return [[True] * len(node.outputs)] if not self.is_max else [[True, False]]
 
     def pullback(self, inputs: Any, outputs: Any, cotangents: Any) -> list[Any]:
         (x,) = inputs
-        return [Pool2dGrad(**self.geometry)(x, cotangents[0])]
+        grad = Pool2dGrad(**self.geometry)
+        return [grad(x, cotangents[0], outputs[1]) if self.is_max else grad(x, cotangents[0])]
 
 
 class Pool2dGrad(_PoolOp):
-    """``x (b, C, H, W), gz (b, C, Ho, Wo) -> dx (b, C, H, W)``: the gradient of
-    ``sum(pool2d(x) * gz)`` with respect to ``x``."""
+    """``x (b, C, H, W), gz (b, C, Ho, Wo)[, argmax] -> dx (b, C, H, W)``: the gradient of
+    ``sum(pool2d(x) * gz)`` with respect to ``x``; max pooling passes its argmax output
+    (``x`` only gives the shape then)."""
 
-    def make_node(self, x: Any, gz: Any) -> Apply:
+    def make_node(self, x: Any, gz: Any, argmax: Any = None) -> Apply:
         x, gz = pt.as_tensor_variable(x), pt.as_tensor_variable(gz)
         if x.ndim != 4 or gz.ndim != 4 or x.dtype != gz.dtype:
             raise TypeError(
                 f"pool2d grad: want two 4-d tensors of one dtype, got {x.type}, {gz.type}"
             )
         self.c_types(x.dtype)
-        return Apply(self, [x, gz], [x.type()])
+        inputs = [x, gz]
+        if self.is_max:
+            if argmax is None:
+                raise TypeError("pool2d grad: max pooling needs the forward's argmax output")
+            inputs.append(pt.as_tensor_variable(argmax).astype("int32"))
+        return Apply(self, inputs, [x.type()])
 
     def infer_shape(self, fgraph: Any, node: Any, shapes: Any) -> list[tuple[Any, ...]]:
         return [shapes[0]]
 
     def perform(self, node: Any, inputs: Any, outputs: Any) -> None:
-        x, gz = inputs
+        x, gz = inputs[:2]
         b, c, h, w = x.shape
         dx = np.zeros_like(x)
-        flat = dx.reshape(b * c, h * w)
-        rows_all = np.arange(b * c)
-        for y, xx, rows, cols in self._windows(h, w):
-            g = gz[:, :, y, xx].reshape(-1)
-            if self.is_max:
-                win = x[:, :, rows, cols].reshape(b * c, -1)
-                k = win.argmax(axis=1)  # first maximum, row-major
-                width = cols.stop - cols.start
-                idx = (rows.start + k // width) * w + cols.start + k % width
-                np.add.at(flat, (rows_all, idx), g)
-            else:
+        if self.is_max:
+            planes = np.arange(b * c).repeat(gz.shape[2] * gz.shape[3])
+            np.add.at(dx.reshape(b * c, h * w), (planes, inputs[2].ravel()), gz.ravel())
+        else:
+            for y, xx, rows, cols in self._windows(h, w):
                 count = (rows.stop - rows.start) * (cols.stop - cols.start)
-                dx[:, :, rows, cols] += (g / count).reshape(b, c, 1, 1)
+                dx[:, :, rows, cols] += (gz[:, :, y, xx] / count)[:, :, None, None]
         outputs[0][0] = dx
 
     def c_code(self, node: Any, name: str, inp: Any, out: Any, sub: Any) -> str:
@@ -220,15 +252,21 @@ class Pool2dGrad(_PoolOp):
                 PyErr_SetString(PyExc_ValueError, "pool2d grad: gz does not match the pooled shape");
                 err = 1;
             }}
+            CHECK_ARGMAX
             if (!err) err = tmpi::prepare_output(&{z}, 4, PyArray_DIMS(a0), {typenum});
-            if (!err) tmpi::pool_backward<{ctype}>(g, {p}->is_max, ({ctype}*)PyArray_DATA(a0),
-                                                    ({ctype}*)PyArray_DATA(a1),
-                                                    ({ctype}*)PyArray_DATA({z}));"""
+            if (!err) err = tmpi::pool_backward<{ctype}>(g, {p}->is_max, IDX,
+                                                          ({ctype}*)PyArray_DATA(a1),
+                                                          ({ctype}*)PyArray_DATA({z}));"""
+        check = """if (!err && !PyArray_SAMESHAPE(a1, a2)) {{
+                PyErr_SetString(PyExc_ValueError, "pool2d grad: argmax does not match gz");
+                err = 1;
+            }}"""
+        call = call.replace("CHECK_ARGMAX", check if self.is_max else "")
+        call = call.replace("IDX", "(npy_int32*)PyArray_DATA(a2)" if self.is_max else "NULL")
         return self._c_glue(node, inp, out[0], sub, call)
 
     def pullback(self, inputs: Any, outputs: Any, cotangents: Any) -> list[Any]:
-        x, gz = inputs
-        return [grad_not_implemented(self, 0, x), grad_not_implemented(self, 1, gz)]
+        return [grad_not_implemented(self, i, v) for i, v in enumerate(inputs)]
 
 
 def pool2d(
@@ -248,4 +286,5 @@ def pool2d(
     array([[ 5.,  7.],
            [13., 15.]], dtype=float32)
     """
-    return Pool2d(mode, window, window if stride is None else stride, pad, ceil_mode)(x)
+    outs = Pool2d(mode, window, window if stride is None else stride, pad, ceil_mode)(x)
+    return outs[0] if mode == "max" else outs
