@@ -25,12 +25,29 @@ __all__ = [
     "blas_symbol_prefix",
     "cache_root",
     "keep_freed_memory",
-    "SET_BY_CONFIGURE",
+    "unconfigured_env",
 ]
 
 _configured = False
-#: environment variables that :func:`configure` set (a benchmark's peer process drops them)
-SET_BY_CONFIGURE: list[str] = []
+#: environment variables as they were before :func:`configure` changed them (None: unset)
+_BEFORE: dict[str, str | None] = {}
+
+
+def unconfigured_env() -> dict[str, str]:
+    """``os.environ`` without :func:`configure`'s changes: for a child process that must make
+    its own choices (a cold compile cache, a peer library with its own threads)."""
+    env = dict(os.environ)
+    for var, value in _BEFORE.items():
+        if value is None:
+            env.pop(var, None)
+        else:
+            env[var] = value
+    return env
+
+
+def _set_env(var: str, value: str) -> None:
+    _BEFORE.setdefault(var, os.environ.get(var))
+    os.environ[var] = value
 
 
 def cache_root() -> Path:
@@ -144,8 +161,7 @@ def configure(*, blas_threads: int | None = None) -> None:
     threads |= {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
     for var, value in threads.items():
         if var not in os.environ:
-            os.environ[var] = value
-            SET_BY_CONFIGURE.append(var)
+            _set_env(var, value)
 
     ours = {
         "floatX": "float32",
@@ -160,7 +176,7 @@ def configure(*, blas_threads: int | None = None) -> None:
     if user:
         merged.append(user)
     if "pytensor" not in sys.modules:
-        os.environ["PYTENSOR_FLAGS"] = ",".join(merged)
+        _set_env("PYTENSOR_FLAGS", ",".join(merged))
 
     keep_freed_memory()
     import pytensor

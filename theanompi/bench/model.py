@@ -231,9 +231,9 @@ class _TorchPeer:
     """
 
     def __init__(self, name: str, batch: int, threads: int) -> None:
-        from theanompi.pytensor_env import SET_BY_CONFIGURE
+        from theanompi.pytensor_env import unconfigured_env
 
-        env = {k: v for k, v in os.environ.items() if k not in SET_BY_CONFIGURE}
+        env = unconfigured_env()
         cmd = [sys.executable, "-m", "theanompi.bench.model", "--_torch_child", f"{name}:{batch}"]
         self.proc = subprocess.Popen(
             [*cmd, "--threads", str(threads)],
@@ -271,9 +271,11 @@ def _compile_only(name: str) -> int:
 
 def _compile_times(name: str) -> dict[str, float]:
     """Cold (fresh THEANOMPI_CACHE) then warm (same cache) compile, each in a new process."""
+    from theanompi.pytensor_env import unconfigured_env
+
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="tmpi-cache-") as cache:
-        env = {**os.environ, "THEANOMPI_CACHE": cache}
+        env = {**unconfigured_env(), "THEANOMPI_CACHE": cache}
         for label in ("cold", "warm"):
             proc = subprocess.run(
                 [sys.executable, "-m", "theanompi.bench.model", "--_compile_only", name],
