@@ -130,7 +130,7 @@ def check(comm: Any, names: list[str], ops: list[str]) -> list[str]:
                 ex.exchange(arrays)
                 if [id(a) for a in arrays] != ids:
                     fails.append(f"{name} {op}: arrays replaced, not updated in place")
-                ref, bounds = refs[step][0][op], refs[step][1][(op, name == "asa16")]
+                ref, bounds = refs[step][0][op], refs[step][1][(op, strategy == "asa16")]
                 for i, (a, r, bound) in enumerate(zip(arrays, ref, bounds, strict=True)):
                     if a.dtype != np.float32 or a.shape != r.shape:
                         fails.append(f"{name} {op}: array {i} became {a.dtype}{a.shape}")

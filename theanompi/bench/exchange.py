@@ -112,7 +112,9 @@ def _time_round_robin(
     """Median seconds of ``ex.exchange(arrays)`` per case, timed between barriers.
 
     The cases take turns (one exchange each per round, after one warm-up round), so a
-    change in machine load hits every strategy alike.
+    change in machine load hits every strategy alike, and the order rotates every round, so
+    that no case always runs right after the same one (gloo's threads, still winding down,
+    cost whichever strategy followed them by up to 20% on the small set).
     """
     from mpi4py import MPI
 
@@ -120,8 +122,10 @@ def _time_round_robin(
         ex.prepare(arrays)
         ex.exchange(arrays)
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(reps):
-        for name, ex in cases.items():
+    names = list(cases)
+    for r in range(reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            ex = cases[name]
             comm.Barrier()
             t = MPI.Wtime()
             ex.exchange(arrays)

@@ -49,19 +49,27 @@ def from_half(src: Any, scale: Any, dst: Any) -> None:  # pragma: no cover - com
         dst[i] = _h2f(src[i]) * scale
 
 
+# The loops below index row slices with the range variable only: indexing rows[k, j] or
+# acc[j - j0] directly leaves numba's negative-index checks in the loop and LLVM then does
+# not vectorise it (sum_rows_half: 1.5 ns per element that way, ~0.2 ns like this).
+
+
 @_jit
 def sum_rows(rows: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
     n, c = rows.shape
     for j0 in range(0, c, _BLOCK):
         j1 = min(j0 + _BLOCK, c)
-        for j in range(j0, j1):
-            out[j] = rows[0, j]
+        o = out[j0:j1]
+        r = rows[0, j0:j1]
+        for j in range(j1 - j0):
+            o[j] = r[j]
         for k in range(1, n):
-            for j in range(j0, j1):
-                out[j] += rows[k, j]
+            r = rows[k, j0:j1]
+            for j in range(j1 - j0):
+                o[j] += r[j]
         if scale != 1.0:
-            for j in range(j0, j1):
-                out[j] *= scale
+            for j in range(j1 - j0):
+                o[j] *= scale
 
 
 @_jit
@@ -70,10 +78,14 @@ def sum_rows_half(rows: Any, out: Any) -> None:  # pragma: no cover - compiled
     acc = np.empty(_BLOCK, np.float32)
     for j0 in range(0, c, _BLOCK):
         j1 = min(j0 + _BLOCK, c)
-        for j in range(j0, j1):
-            acc[j - j0] = _h2f(rows[0, j])
+        a = acc[: j1 - j0]
+        r = rows[0, j0:j1]
+        for j in range(j1 - j0):
+            a[j] = _h2f(r[j])
         for k in range(1, n):
-            for j in range(j0, j1):
-                acc[j - j0] += _h2f(rows[k, j])
-        for j in range(j0, j1):
-            out[j] = _f2h(acc[j - j0])
+            r = rows[k, j0:j1]
+            for j in range(j1 - j0):
+                a[j] += _h2f(r[j])
+        o = out[j0:j1]
+        for j in range(j1 - j0):
+            o[j] = _f2h(a[j])
