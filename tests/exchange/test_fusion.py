@@ -1,11 +1,11 @@
-"""FusionBuffer and the local kernels (pure numpy/numba, no MPI)."""
+"""FusionBuffer, StreamingFusion and the local kernels (pure numpy/numba, no MPI)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from theanompi.exchange._fusion import FusionBuffer, split_by_size
+from theanompi.exchange._fusion import FusionBuffer, StreamingFusion, split_by_size
 from theanompi.exchange._kernels import NumpyKernels, kernels
 
 
@@ -25,6 +25,33 @@ def test_pack_unpack_round_trip_and_padding() -> None:
     fb.unpack(out, divide_by=4)
     assert np.array_equal(out[2], arrays[2] / np.float32(4))
     assert [c.size for c in (fb.chunk(j, 8) for j in range(8))] == [18] * 8
+
+
+@pytest.mark.parametrize("segment", [1, 5, 7, 128, 10_000])
+def test_streaming_fusion_covers_every_element_once(segment: int) -> None:
+    """Segments are full but the last, each piece lies inside one, and together they tile every array."""
+    rng = np.random.default_rng(segment)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in [(1,), (7,), (3, 4, 5, 2), (13,)]]
+    arrays.append(np.asfortranarray(rng.standard_normal((5, 3)).astype(np.float32)))
+    sf = StreamingFusion([a.size for a in arrays], segment)
+    covered = [np.zeros(a.size, int) for a in arrays]
+    for i, (used, pieces) in enumerate(sf.segments):
+        assert used == sum(n for *_, n in pieces) and 0 < used <= segment
+        assert used == segment or i == len(sf.segments) - 1
+        ends = [s0 + n for _, _, s0, n in pieces]
+        assert [s0 for _, _, s0, _ in pieces] == [0, *ends[:-1]]  # back to back
+        for k, a0, _, n in pieces:
+            covered[k][a0 : a0 + n] += 1
+    assert all((c == 1).all() for c in covered)
+    seen: list[np.ndarray] = []
+    out = [a.copy(order="A") for a in arrays]
+    sf.reduce(out, lambda buf: seen.append(buf.copy()) or np.multiply(buf, 3, out=buf), divide_by=2)
+    assert np.array_equal(np.concatenate(seen), np.concatenate([a.ravel() for a in arrays]))
+    for a, b in zip(arrays, out, strict=True):
+        assert np.array_equal(b, (a * np.float32(3)) / np.float32(2))
+    assert out[-1].flags.f_contiguous  # written back into the caller's array
+    sf.reduce(out, lambda buf: None)
+    assert np.array_equal(out[2], (arrays[2] * np.float32(3)) / np.float32(2))
 
 
 def test_split_by_size() -> None:

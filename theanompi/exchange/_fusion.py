@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["FusionBuffer", "split_by_size"]
+__all__ = ["FusionBuffer", "StreamingFusion", "split_by_size"]
 
 
 class FusionBuffer:
@@ -84,6 +84,79 @@ class FusionBuffer:
                 np.copyto(a, src, casting="same_kind")
             else:
                 np.divide(src, a.dtype.type(divide_by), out=a, casting="same_kind")
+
+
+class StreamingFusion:
+    """Arrays laid back to back in segments that are packed, reduced and unpacked one at a time.
+
+    A whole fusion buffer is packed before its collective starts and unpacked after it ends,
+    so its pages leave the cache in between and each copy costs a trip to memory. Here one
+    scratch segment (``segment`` elements, ~1 MiB: it stays in L2) is filled, reduced and
+    emptied in turn, so the collective reads what the pack just wrote and the unpack what it
+    just summed; the mean's division is folded into the unpack. Arrays may straddle segments.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Number of elements of each array, in order.
+    segment : int
+        Most elements per segment (one collective each).
+
+    Examples
+    --------
+    >>> sf = StreamingFusion([3, 4], segment=5)
+    >>> sf.segments
+    [(5, [(0, 0, 0, 3), (1, 0, 3, 2)]), (2, [(1, 2, 0, 2)])]
+    >>> a, b = np.ones(3, np.float32), np.arange(4, dtype=np.float32)
+    >>> sf.reduce([a, b], lambda buf: np.multiply(buf, 4, out=buf), divide_by=2); b
+    array([0., 2., 4., 6.], dtype=float32)
+    """
+
+    def __init__(self, sizes: Sequence[int], segment: int) -> None:
+        if segment < 1:
+            raise ValueError(f"segment must be >= 1 element, got {segment!r}")
+        # segments: (elements used, [(array k, offset in k, offset in segment, length), ...])
+        self.segments: list[tuple[int, list[tuple[int, int, int, int]]]] = []
+        pieces: list[tuple[int, int, int, int]] = []
+        used = 0
+        for k, size in enumerate(int(s) for s in sizes):
+            start = 0
+            while start < size:
+                n = min(size - start, segment - used)
+                pieces.append((k, start, used, n))
+                used, start = used + n, start + n
+                if used == segment:
+                    self.segments.append((used, pieces))
+                    pieces, used = [], 0
+        if pieces:
+            self.segments.append((used, pieces))
+        self.scratch = np.zeros(max((u for u, _ in self.segments), default=1), np.float32)
+
+    def reduce(
+        self,
+        arrays: Sequence[np.ndarray],
+        allreduce: Callable[[np.ndarray], None],
+        divide_by: float | None = None,
+    ) -> None:
+        """Pack each segment, ``allreduce(segment)`` in place, unpack it (divided) into ``arrays``."""
+        flats = [
+            a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+            for a in arrays
+        ]
+        for used, pieces in self.segments:
+            buf = self.scratch[:used]
+            for k, a0, s0, n in pieces:
+                np.copyto(buf[s0 : s0 + n], flats[k][a0 : a0 + n])
+            allreduce(buf)
+            for k, a0, s0, n in pieces:
+                dst = flats[k][a0 : a0 + n]
+                if divide_by is None:
+                    np.copyto(dst, buf[s0 : s0 + n])
+                else:
+                    np.divide(buf[s0 : s0 + n], dst.dtype.type(divide_by), out=dst)
+        for a, flat in zip(arrays, flats, strict=True):
+            if not a.flags.c_contiguous:
+                np.copyto(a, flat.reshape(a.shape))
 
 
 def split_by_size(arrays: Sequence[np.ndarray], fuse_below: int) -> tuple[list[int], list[int]]:

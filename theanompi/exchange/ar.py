@@ -1,31 +1,34 @@
-"""``ar``: in-place ``MPI.Allreduce`` in cache-sized segments, tiny arrays fused (any N)."""
+"""``ar``: in-place ``MPI.Allreduce`` in cache-sized segments, smaller arrays streamed through one (any N)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from theanompi.exchange._fusion import FusionBuffer, split_by_size
+from theanompi.exchange._fusion import StreamingFusion, split_by_size
 from theanompi.exchange.base import Exchanger
 
 __all__ = ["ArExchanger", "FUSE_BELOW", "SEGMENT"]
 
-FUSE_BELOW = 1 << 14  # arrays under 16 Ki elements (64 KiB) share one fusion buffer
 SEGMENT = 1 << 18  # elements per Allreduce call (1 MiB of float32)
+FUSE_BELOW = SEGMENT  # arrays smaller than one segment are fused
 
 
 class ArExchanger(Exchanger):
-    """Sum (or mean) with ``MPI.Allreduce``: tiny arrays fused, the rest in place in segments.
+    """Sum (or mean) with ``MPI.Allreduce`` in 1 MiB segments: small arrays fused, large in place.
 
     Two measured effects of Open MPI's shared-memory allreduce shape this strategy
     (``tmpi bench exchange``; ``docs/exchange.md``):
 
-    * Latency: one call costs ~10 µs however small, so arrays under ``fuse_below`` elements
-      (biases) are packed into one fusion buffer and reduced together.
     * Bandwidth: one call on a huge buffer runs 3-4x slower per byte than the same bytes in
       ~1 MiB calls (64 MiB at once: 2.1 GB/s; in 1 MiB pieces: 7.5 GB/s at N=2), because the
-      pieces stay in cache while the ranks add them. So every array of ``fuse_below`` elements
-      or more is reduced in place (``MPI.IN_PLACE``, no copy) in ``segment``-element slices,
-      and each slice is divided by N (``op="mean"``) while it is still in cache.
+      pieces stay in cache while the ranks add them. So an array of ``fuse_below`` elements or
+      more is reduced in place (``MPI.IN_PLACE``, no copy) in ``segment``-element slices, each
+      divided by N (``op="mean"``) while it is still in cache.
+    * Latency: every call costs a fixed ~10 µs (much more with ranks oversubscribed), so
+      smaller arrays are packed back to back into 1 MiB segments, one call each
+      (:class:`~theanompi.exchange._fusion.StreamingFusion`: one segment is packed, reduced
+      and unpacked at a time, so the copies hit cache, and the mean's division rides on the
+      unpack). A small CNN's 50 arrays take 4 calls instead of 50.
 
     Works for any N. Every rank ends bit-identical because Open MPI's allreduce algorithms
     combine the same partial sums on every rank, and ``a + b == b + a`` exactly; the test
@@ -37,10 +40,10 @@ class ArExchanger(Exchanger):
         See :class:`~theanompi.exchange.base.Exchanger`.
     fuse_below : int
         Arrays with fewer elements than this are fused; ``0`` fuses none, a huge value fuses
-        everything into one buffer.
+        every array.
     segment : int
-        Most elements one ``Allreduce`` call moves; a huge value reduces each array (and the
-        fusion buffer) in one call.
+        Most elements one ``Allreduce`` call moves; a huge value reduces each large array
+        in one call.
     """
 
     name = "ar"
@@ -58,7 +61,8 @@ class ArExchanger(Exchanger):
 
     def _prepare(self, arrays: list[np.ndarray]) -> None:
         self._fused, self._direct = split_by_size(arrays, self.fuse_below)
-        self._fusion = FusionBuffer([arrays[i].size for i in self._fused]) if self._fused else None
+        sizes = [arrays[i].size for i in self._fused]
+        self._fusion = StreamingFusion(sizes, self.segment) if self._fused else None
 
     def allreduce(self, buf: np.ndarray) -> None:
         """``MPI.Allreduce(IN_PLACE, buf, SUM)`` on a contiguous buffer."""
@@ -78,10 +82,8 @@ class ArExchanger(Exchanger):
 
     def _exchange(self, arrays: list[np.ndarray]) -> None:
         if self._fusion is not None:
-            fused = [arrays[i] for i in self._fused]
-            self._fusion.pack(fused)
-            self._reduce_segments(self._fusion.buffer)
-            self._fusion.unpack(fused)
+            divide_by = self.size if self.op == "mean" else None
+            self._fusion.reduce([arrays[i] for i in self._fused], self.allreduce, divide_by)
         for i in self._direct:
             a = arrays[i]
             buf = a if a.flags.c_contiguous and a.flags.writeable else np.ascontiguousarray(a)
