@@ -89,11 +89,11 @@ class FusionBuffer:
 class StreamingFusion:
     """Arrays laid back to back in segments that are packed, reduced and unpacked one at a time.
 
-    A whole fusion buffer is packed before its collective starts and unpacked after it ends,
-    so its pages leave the cache in between and each copy costs a trip to memory. Here one
-    scratch segment (``segment`` elements, ~1 MiB: it stays in L2) is filled, reduced and
-    emptied in turn, so the collective reads what the pack just wrote and the unpack what it
-    just summed; the mean's division is folded into the unpack. Arrays may straddle segments.
+    A classic fusion buffer is packed whole, reduced, then unpacked whole, with the mean's
+    division as one more pass. Here one scratch segment (at most ``segment`` elements) is
+    filled, reduced and emptied in turn, the division folded into the emptying, so with
+    segments that fit the cache the collective reads what the pack just wrote and the unpack
+    what it just summed. Arrays may straddle segments.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""``ar``: in-place ``MPI.Allreduce`` in cache-sized segments, smaller arrays streamed through one (any N)."""
+"""``ar``: in-place ``MPI.Allreduce`` in 16 MiB segments, arrays under 1 MiB fused (any N)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,29 @@ from theanompi.exchange.base import Exchanger
 
 __all__ = ["ArExchanger", "FUSE_BELOW", "SEGMENT"]
 
-SEGMENT = 1 << 18  # elements per Allreduce call (1 MiB of float32)
-FUSE_BELOW = SEGMENT  # arrays smaller than one segment are fused
+SEGMENT = 1 << 22  # elements per Allreduce call (16 MiB of float32)
+FUSE_BELOW = 1 << 18  # arrays under 1 MiB are fused
 
 
 class ArExchanger(Exchanger):
-    """Sum (or mean) with ``MPI.Allreduce`` in 1 MiB segments: small arrays fused, large in place.
+    """Sum (or mean) with ``MPI.Allreduce`` in 16 MiB segments: small arrays fused, large in place.
 
     Two measured effects of Open MPI's shared-memory allreduce shape this strategy
     (``tmpi bench exchange``; ``docs/exchange.md``):
 
-    * Bandwidth: one call on a huge buffer runs 3-4x slower per byte than the same bytes in
-      ~1 MiB calls (64 MiB at once: 2.1 GB/s; in 1 MiB pieces: 7.5 GB/s at N=2), because the
-      pieces stay in cache while the ranks add them. So an array of ``fuse_below`` elements or
-      more is reduced in place (``MPI.IN_PLACE``, no copy) in ``segment``-element slices, each
-      divided by N (``op="mean"``) while it is still in cache.
+    * Bandwidth: one call on 32 MiB or more runs ~2x slower per byte than the same bytes in
+      16 MiB calls (AlexNet's set at N=2: 145 ms in 64 MiB or 32 MiB calls, 79 ms in 16 MiB
+      calls). Smaller calls can be faster still on idle cores, but every call is a rendezvous
+      of all ranks, and once another process shares a core each one can wait for a time
+      slice (1 MiB calls: 56 to 176 ms idle, 450 ms next to one busy process; 16 MiB: 142 ms,
+      per-array Allreduce 256 ms). So an array of ``fuse_below`` elements or more is reduced
+      in place (``MPI.IN_PLACE``, no copy) in ``segment``-element slices, each divided by N
+      (``op="mean"``) right after its call.
     * Latency: every call costs a fixed ~10 µs (much more with ranks oversubscribed), so
-      smaller arrays are packed back to back into 1 MiB segments, one call each
+      smaller arrays are packed back to back into segments, one call each
       (:class:`~theanompi.exchange._fusion.StreamingFusion`: one segment is packed, reduced
       and unpacked at a time, so the copies hit cache, and the mean's division rides on the
-      unpack). A small CNN's 50 arrays take 4 calls instead of 50.
+      unpack). A small CNN's 50 arrays (4 MB) take one call instead of 50.
 
     Works for any N. Every rank ends bit-identical because Open MPI's allreduce algorithms
     combine the same partial sums on every rank, and ``a + b == b + a`` exactly; the test
