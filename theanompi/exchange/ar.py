@@ -30,8 +30,8 @@ class ArExchanger(Exchanger):
     * Latency: every call costs a fixed ~10 µs (much more with ranks oversubscribed), so
       smaller arrays are packed back to back into segments, one call each
       (:class:`~theanompi.exchange._fusion.StreamingFusion`: one segment is packed, reduced
-      and unpacked at a time, so the copies hit cache, and the mean's division rides on the
-      unpack). A small CNN's 50 arrays (4 MB) take one call instead of 50.
+      and unpacked at a time, so the copies stay in the last-level cache, and the mean's
+      division rides on the unpack). A small CNN's 50 arrays (4 MB) take one call instead of 50.
 
     Works for any N. Every rank ends bit-identical because Open MPI's allreduce algorithms
     combine the same partial sums on every rank, and ``a + b == b + a`` exactly; the test
