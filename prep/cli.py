@@ -62,10 +62,9 @@ def _size() -> tuple[int, int]:
     reporting size 1 there lets rank 0 alone print them.
     """
     if "mpi4py.MPI" not in sys.modules:
-        for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
-            if os.environ.get(key, "").isdigit():
-                return int(os.environ[key]), 1
-        return 0, 1
+        from theanompi.comm import rank_from_env
+
+        return rank_from_env(), 1
     from theanompi.comm import world
 
     w = world()
@@ -96,6 +95,9 @@ def _guard(fn: F) -> F:
 
                     world().Barrier()
                     raise typer.Exit(err.exit_code if rank == 0 else 0) from None
+                from theanompi.comm import let_rank0_report
+
+                let_rank0_report()  # before MPI starts (a flag error): rank 0 prints first
                 raise typer.Exit(err.exit_code) from None
             print(f"tmpi: error on rank {rank}/{size}: {err}", file=sys.stderr, flush=True)
             from theanompi.comm import world

@@ -90,3 +90,16 @@ def test_info_under_mpirun_prints_once(mpirun) -> None:
     out = mpirun(2, ["-m", "theanompi.cli", "info"], timeout=120)
     assert out.stdout.count("mpi4py") == 1, "only rank 0 prints"
     assert any(line.split() == ["mpi", "ranks", "2"] for line in out.stdout.splitlines())
+
+
+@pytest.mark.mpi
+def test_config_error_under_mpirun_is_one_line_from_rank0(mpirun) -> None:
+    """Every rank meets the bad flag before MPI starts; only rank 0 reports it, and in time."""
+    for _ in range(3):  # the line used to be lost when rank 1 exited first
+        proc = mpirun(
+            2, ["-m", "theanompi.cli", "train", "--model", MODEL_YAML, "--strategy", "nccl"],
+            timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("tmpi: error")]
+        assert len(errors) == 1 and "'nccl'" in errors[0], proc.stderr

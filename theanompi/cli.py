@@ -308,20 +308,20 @@ def bench_train(ctx: typer.Context) -> None:
     _bench("theanompi.bench.train", ctx.args)
 
 
-def _rank() -> int:
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        return MPI.COMM_WORLD.Get_rank()
-    return 0
-
-
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a meaningful exit code."""
     try:
         app()
     except UserError as err:
-        r = _rank()
+        if "mpi4py.MPI" in sys.modules:
+            from mpi4py import MPI
+
+            r = MPI.COMM_WORLD.Get_rank()
+        else:  # before MPI starts every rank meets the same flag/config error: rank 0 reports
+            from theanompi.comm import let_rank0_report, rank_from_env
+
+            r = rank_from_env()
+            let_rank0_report()
         if r == 0:
             print(f"tmpi: error: {err}", file=sys.stderr, flush=True)
         elif not isinstance(err, ConfigError):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any
+
+ALIKE_ERROR_GRACE_S = 10.0  # see let_rank0_report
 
 __all__ = [
     "world",
@@ -14,6 +17,8 @@ __all__ = [
     "is_root",
     "log",
     "local_rank_from_env",
+    "rank_from_env",
+    "let_rank0_report",
     "under_mpirun",
     "install_abort_hook",
     "is_power_of_two",
@@ -23,6 +28,28 @@ __all__ = [
 def under_mpirun() -> bool:
     """True when this process was started by mpirun/mpiexec (Open MPI or MPICH/Hydra)."""
     return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def rank_from_env() -> int:
+    """World rank, readable before ``MPI.Init`` (0 outside mpirun)."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def let_rank0_report() -> None:
+    """Before exiting on an error that every rank meets alike before MPI starts (a bad flag):
+    on ranks other than 0, wait, so that rank 0 prints the one line and exits first.
+
+    Whichever rank exits non-zero first makes mpirun kill the others, so without the wait
+    rank 0 could be killed before its line is out. Normally rank 0's exit ends the wait
+    (mpirun kills the waiting ranks); should rank 0 not fail at all, the wait ends after
+    ``ALIKE_ERROR_GRACE_S`` and the non-zero exit still stops the job instead of leaving
+    rank 0 waiting for the others in ``MPI.Init``.
+    """
+    if rank_from_env() != 0:
+        time.sleep(ALIKE_ERROR_GRACE_S)
 
 
 def local_rank_from_env() -> int:
