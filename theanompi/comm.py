@@ -1,4 +1,4 @@
-"""MPI helpers: rank-0 logging, abort-on-exception, and the local rank before MPI starts."""
+"""MPI helpers: rank-0 logging, abort-on-exception, and the (local) rank before MPI starts."""
 
 from __future__ import annotations
 
