@@ -27,7 +27,7 @@ __all__ = ["KernelOp", "int_params", "float_params", "C_TYPES"]
 C_TYPES = {"float32": ("npy_float32", "NPY_FLOAT32"), "float64": ("npy_float64", "NPY_FLOAT64")}
 
 # Bump when the C++ below changes: PyTensor keys its compile cache on it.
-_VERSION = 7
+_VERSION = 8
 
 SUPPORT = r"""
 #include <string.h>
@@ -389,6 +389,20 @@ static inline void window(int o, int s, int p, int k, int n, int* lo, int* hi) {
     *hi = b < n ? b : n;
 }
 
+/* f(o, y0, y1, x0, x1) for each output o of a plane, row-major, with its clipped window */
+template <typename F>
+static inline void for_each_window(const PoolGeom& g, F f) {
+    for (int oy = 0; oy < g.Ho; ++oy) {
+        int y0, y1;
+        window(oy, g.sh, g.ph, g.kh, g.H, &y0, &y1);
+        for (int ox = 0; ox < g.Wo; ++ox) {
+            int x0, x1;
+            window(ox, g.sw, g.pw, g.kw, g.W, &x0, &x1);
+            f((npy_intp)oy * g.Wo + ox, y0, y1, x0, x1);
+        }
+    }
+}
+
 /* out = the max (is_max) or mean of each window; for max, idx (may be NULL) = the offset in
    the plane of the window's first maximum (row-major), which the gradient scatters to. */
 template <typename T>
@@ -399,33 +413,26 @@ static void pool_forward(const PoolGeom& g, bool is_max, const T* x, T* out, npy
         const T* xp = x + q * HW;
         T* op = out + q * O;
         npy_int32* ip = idx ? idx + q * O : NULL;
-        for (int oy = 0; oy < g.Ho; ++oy) {
-            int y0, y1;
-            window(oy, g.sh, g.ph, g.kh, g.H, &y0, &y1);
-            for (int ox = 0; ox < g.Wo; ++ox) {
-                int x0, x1;
-                window(ox, g.sw, g.pw, g.kw, g.W, &x0, &x1);
-                const npy_intp o = (npy_intp)oy * g.Wo + ox;
-                if (is_max) {
-                    npy_intp best = (npy_intp)y0 * g.W + x0;
-                    T m = xp[best];
-                    for (int y = y0; y < y1; ++y) {
-                        const T* r = xp + (npy_intp)y * g.W;
-                        for (int xx = x0; xx < x1; ++xx)
-                            if (r[xx] > m) { m = r[xx]; best = (npy_intp)y * g.W + xx; }
-                    }
-                    op[o] = m;
-                    if (ip) ip[o] = (npy_int32)best;
-                } else {
-                    T acc = 0;
-                    for (int y = y0; y < y1; ++y) {
-                        const T* r = xp + (npy_intp)y * g.W;
-                        for (int xx = x0; xx < x1; ++xx) acc += r[xx];
-                    }
-                    op[o] = acc / (T)((y1 - y0) * (x1 - x0));
+        for_each_window(g, [&](npy_intp o, int y0, int y1, int x0, int x1) {
+            if (is_max) {
+                npy_intp best = (npy_intp)y0 * g.W + x0;
+                T m = xp[best];
+                for (int y = y0; y < y1; ++y) {
+                    const T* r = xp + (npy_intp)y * g.W;
+                    for (int xx = x0; xx < x1; ++xx)
+                        if (r[xx] > m) { m = r[xx]; best = (npy_intp)y * g.W + xx; }
                 }
+                op[o] = m;
+                if (ip) ip[o] = (npy_int32)best;
+            } else {
+                T acc = 0;
+                for (int y = y0; y < y1; ++y) {
+                    const T* r = xp + (npy_intp)y * g.W;
+                    for (int xx = x0; xx < x1; ++xx) acc += r[xx];
+                }
+                op[o] = acc / (T)((y1 - y0) * (x1 - x0));
             }
-        }
+        });
     }
 }
 
@@ -448,17 +455,11 @@ static int pool_backward(const PoolGeom& g, bool is_max, const npy_int32* idx, c
             }
             continue;
         }
-        for (int oy = 0; oy < g.Ho; ++oy) {
-            int y0, y1;
-            window(oy, g.sh, g.ph, g.kh, g.H, &y0, &y1);
-            for (int ox = 0; ox < g.Wo; ++ox) {
-                int x0, x1;
-                window(ox, g.sw, g.pw, g.kw, g.W, &x0, &x1);
-                const T share = gp[(npy_intp)oy * g.Wo + ox] / (T)((y1 - y0) * (x1 - x0));
-                for (int y = y0; y < y1; ++y)
-                    for (int xx = x0; xx < x1; ++xx) dp[(npy_intp)y * g.W + xx] += share;
-            }
-        }
+        for_each_window(g, [&](npy_intp o, int y0, int y1, int x0, int x1) {
+            const T share = gp[o] / (T)((y1 - y0) * (x1 - x0));
+            for (int y = y0; y < y1; ++y)
+                for (int xx = x0; xx < x1; ++xx) dp[(npy_intp)y * g.W + xx] += share;
+        });
     }
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "pool2d grad: argmax index outside the input plane");
