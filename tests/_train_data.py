@@ -85,8 +85,13 @@ def image_ids(x: np.ndarray) -> np.ndarray:
 
 
 def tiny_config(data: Path, run_dir: Path, **over: object):
-    """A validated Config on the tiny dataset (model: tests/rules/model_fake.yaml)."""
+    """A validated Config on the tiny dataset (model: tests/rules/model_fake.yaml).
+
+    ``name: fake`` (tests/rules/_fake_model.py, which the tests build themselves) is in the
+    model registry while the config is validated.
+    """
     from theanompi.config import load_config
+    from theanompi.models import MODELS
 
     man = json.loads((Path(data) / "misc" / "manifest.json").read_text())
     base = {
@@ -99,4 +104,10 @@ def tiny_config(data: Path, run_dir: Path, **over: object):
     }
     base.update(over)
     model = Path(__file__).parent / "rules" / "model_fake.yaml"
-    return load_config(None, model, base)
+    added = "fake" not in MODELS
+    MODELS.setdefault("fake", ("_fake_model", "FakeModel"))
+    try:
+        return load_config(None, model, base)
+    finally:
+        if added:
+            del MODELS["fake"]

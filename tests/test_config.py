@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sys
+import types
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 import yaml
 
-from theanompi.config import check_world_size, load_config, parse_override
+from theanompi.config import (
+    MODEL_SCHEMA,
+    DataSection,
+    WeightExchangeSection,
+    check_world_size,
+    choices,
+    fill_choices,
+    load_config,
+    parse_override,
+)
 from theanompi.errors import ConfigError
 
 MODEL_YAML = Path(__file__).parent / "model_mlp.yaml"
@@ -122,3 +136,216 @@ def test_deterministic_turns_randomness_off(tmp_path: Path) -> None:
     run_path, model_path = write(tmp_path, {"randomness": {"deterministic": True}})
     r = load_config(run_path, model_path).randomness
     assert not (r.shuffle or r.rand_crop or r.mirror)
+
+
+def test_easgd_counts_its_server_rank(tmp_path: Path) -> None:
+    run_path, model_path = write(tmp_path, {"weight_exchange": {"sync_rule": "EASGD"}})
+    cfg = load_config(run_path, model_path)
+    check_world_size(cfg, 2)
+    with pytest.raises(ConfigError, match="EASGD needs a server") as info:
+        check_world_size(cfg, 1)
+    assert "\n" not in str(info.value)
+
+
+# -- choices come from the registries -------------------------------------------------------
+def test_choices_are_the_registries() -> None:
+    from theanompi.exchange import STRATEGIES
+    from theanompi.exchange.compression import COMPRESSORS
+    from theanompi.models import MODELS
+    from theanompi.rules import RULES
+
+    assert choices("weight_exchange.sync_rule") == tuple(RULES)
+    assert choices("weight_exchange.exch_strategy") == tuple(STRATEGIES)
+    assert choices("weight_exchange.compression") == tuple(COMPRESSORS)
+    assert choices("model.name") == tuple(MODELS)
+    assert fill_choices("rule: {weight_exchange.sync_rule}.") == f"rule: {', '.join(RULES)}."
+
+
+def test_a_name_added_to_a_registry_becomes_a_choice(tmp_path: Path, monkeypatch) -> None:
+    from theanompi.exchange import STRATEGIES
+    from theanompi.exchange.compression import COMPRESSORS
+    from theanompi.models import MODELS
+    from theanompi.rules import RULES
+
+    msg = error_of(tmp_path, {"weight_exchange": {"sync_rule": "LOCAL"}})
+    assert "sync_rule is 'LOCAL'" in msg and "'GOSGD'" in msg
+    run = {"weight_exchange": {"sync_rule": "LOCAL", "exch_strategy": "ring"}}
+    run["weight_exchange"]["compression"] = "int8"
+    monkeypatch.setitem(RULES, "LOCAL", ("x", "Local"))
+    monkeypatch.setitem(STRATEGIES, "ring", ("x", "Ring"))
+    monkeypatch.setitem(COMPRESSORS, "int8", object)
+    monkeypatch.setitem(MODELS, "tiny", ("x", "Tiny"))
+    run_path, model_path = write(tmp_path, run, MODEL | {"name": "tiny"})
+    cfg = load_config(run_path, model_path)
+    we = cfg.weight_exchange
+    assert (we.sync_rule, we.exch_strategy, we.compression) == ("LOCAL", "ring", "int8")
+    assert cfg.model.name == "tiny"
+
+
+def test_gosgd_is_accepted(tmp_path: Path) -> None:
+    run = {"weight_exchange": {"sync_rule": "GOSGD", "gossip_p": 0.25}}
+    run_path, model_path = write(tmp_path, run)
+    cfg = load_config(run_path, model_path)
+    assert cfg.weight_exchange.sync_rule == "GOSGD" and cfg.weight_exchange.gossip_p == 0.25
+    check_world_size(cfg, 3)  # every rank trains; no exchange strategy: any N >= 2
+    with pytest.raises(ConfigError, match="GOSGD needs at least 2 ranks"):
+        check_world_size(cfg, 1)
+
+
+def _register_fake(monkeypatch, registry: dict, name: str, cls: type) -> None:
+    module = types.ModuleType(f"_fake_{name}")
+    setattr(module, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry, name, (module.__name__, cls.__name__))
+
+
+@pytest.mark.parametrize("pow2", [True, False])
+def test_power_of_two_is_asked_of_the_strategy_class(
+    tmp_path: Path, monkeypatch, pow2: bool
+) -> None:
+    from theanompi.exchange import STRATEGIES
+
+    cls = type("RingExchanger", (), {"requires_power_of_two": pow2})
+    _register_fake(monkeypatch, STRATEGIES, "ring", cls)
+    run_path, model_path = write(tmp_path, {"weight_exchange": {"exch_strategy": "ring"}})
+    cfg = load_config(run_path, model_path)
+    check_world_size(cfg, 4)
+    if pow2:
+        with pytest.raises(ConfigError, match=r"'ring' needs a power-of-2 .* N=6; use -n 4 or"):
+            check_world_size(cfg, 6)
+    else:
+        check_world_size(cfg, 6)
+
+
+def test_power_of_two_counts_the_rules_workers(tmp_path: Path, monkeypatch) -> None:
+    """A rule with a server rank and a strategy: N is the workers, -n the ranks."""
+    from theanompi.rules import RULES
+    from theanompi.rules.base import SyncRule
+
+    class Served(SyncRule):
+        name, min_ranks, uses_strategy = "SERVED", 2, True
+
+        @classmethod
+        def n_workers(cls, size: int) -> int:
+            return size - 1
+
+    _register_fake(monkeypatch, RULES, "SERVED", Served)
+    run = {"weight_exchange": {"sync_rule": "SERVED", "exch_strategy": "copper"}}
+    run_path, model_path = write(tmp_path, run)
+    cfg = load_config(run_path, model_path)
+    check_world_size(cfg, 5)  # 4 workers
+    with pytest.raises(ConfigError, match=r"N=6; use -n 5 or -n 9, or --strategy ar"):
+        check_world_size(cfg, 7)
+    with pytest.raises(ConfigError, match="SERVED needs at least 2 ranks"):
+        check_world_size(cfg, 1)
+
+
+# -- typed, frozen sections -----------------------------------------------------------------
+def test_sections_are_typed_and_frozen(tmp_path: Path) -> None:
+    run_path, model_path = write(tmp_path, {}, MODEL | {"lr_step": [2, 4], "arch": {"hidden": [5]}})
+    cfg = load_config(run_path, model_path)
+    assert get_type_hints(DataSection)["file_batch_size"] is int
+    assert get_type_hints(WeightExchangeSection)["gossip_p"] is float
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data.dir = "elsewhere"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model = cfg.model  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.data["dir"] = "elsewhere"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        cfg.model.arch["hidden"] = [9]  # type: ignore[index]
+    assert cfg.model.lr_step == (2, 4) and cfg.model.arch["hidden"] == (5,)
+    # a section reads as a mapping too (models take it so)
+    assert cfg.data["dir"] == cfg.data.dir and dict(cfg.model)["name"] == "mlp"
+    assert cfg.model.get("nope", 1) == 1 and "batch_size" in cfg.model
+    # to_dict keeps its shape: plain dicts and lists, JSON-able
+    d = cfg.to_dict()
+    assert list(d) == ["data", "weight_exchange", "randomness", "training", "output", "model"]
+    assert d["model"]["lr_step"] == [2, 4] and d["model"]["arch"] == {"hidden": [5]}
+    assert json.loads(json.dumps(d)) == d
+    assert set(d["weight_exchange"]) == set(WeightExchangeSection.defaults())
+
+
+def test_model_defaults_live_once() -> None:
+    from theanompi.models import base
+
+    assert base._COMMON_DEFAULTS == MODEL_SCHEMA.defaults()
+    assert base._COMMON_DEFAULTS["lr_step"] == [] and base._COMMON_DEFAULTS["arch"] == {}
+
+
+def test_a_frozen_model_section_builds_a_model(tmp_path: Path) -> None:
+    from theanompi.models import create_model
+
+    model = MODEL | {"input_size": 8, "arch": {"hidden": [5]}}
+    run_path, model_path = write(tmp_path, {}, model)
+    m = create_model(load_config(run_path, model_path).model)
+    assert m.input_shape == (3, 8, 8) and m.config["arch"] == {"hidden": [5]}
+
+
+# -- the new keys' ranges -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "section,name,value,message",
+    [
+        ("weight_exchange", "gossip_p", 0, "weight_exchange.gossip_p must be in (0, 1], got 0.0"),
+        ("weight_exchange", "gossip_p", 1.5, "weight_exchange.gossip_p must be in (0, 1], got 1.5"),
+        ("weight_exchange", "alpha", 0, "weight_exchange.alpha must be in (0, 1], got 0.0"),
+        ("weight_exchange", "avg_freq", 0, "weight_exchange.avg_freq must be >= 1, got 0"),
+        ("weight_exchange", "compression", "zip", "compression is 'zip'; it must be one of"),
+        ("training", "lr_reference_batch", 0, "training.lr_reference_batch must be >= 1, got 0"),
+        ("training", "warmup_epochs", -1, "training.warmup_epochs must be >= 0, got -1.0"),
+        ("training", "lr_scaling", "cubic", "lr_scaling is 'cubic'; it must be one of 'none'"),
+        ("output", "timeline", 3, "output.timeline must be str, got 3"),
+        ("data", "file_batch_size", 0, "data.file_batch_size must be positive, got 0"),
+    ],
+)
+def test_range_checks(tmp_path: Path, section: str, name: str, value: object, message: str) -> None:
+    assert message in error_of(tmp_path, {section: {name: value}})
+
+
+def test_new_keys_load(tmp_path: Path) -> None:
+    run = {
+        "weight_exchange": {"compression": "fp16", "gossip_p": 1},
+        "training": {"lr_scaling": "linear", "lr_reference_batch": 64, "warmup_epochs": 2},
+        "output": {"timeline": "t.json"},
+    }
+    run_path, model_path = write(tmp_path, run)
+    cfg = load_config(run_path, model_path)
+    assert cfg.weight_exchange.compression == "fp16" and cfg.weight_exchange.gossip_p == 1.0
+    assert cfg.training.warmup_epochs == 2.0 and isinstance(cfg.training.warmup_epochs, float)
+    assert cfg.training.lr_scaling == "linear" and cfg.output.timeline == "t.json"
+
+
+# -- model names ----------------------------------------------------------------------------
+def test_model_name_must_be_registered(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {}, MODEL | {"name": "resnet"})
+    assert "name is 'resnet'; it must be one of" in msg and "'small_cnn'" in msg
+    assert "key 'name' is required" in error_of(tmp_path, {}, {"input_size": 28})
+
+
+def test_model_vgg16_is_its_config(tmp_path: Path) -> None:
+    run_path, _ = write(tmp_path, {"data": {"image_size": 256}})
+    cfg = load_config(run_path, "vgg16")
+    assert cfg.model.name == "vgg16" and cfg.sources[1].endswith("configs/vgg16.yaml")
+    assert cfg.model.input_size == 224
+
+
+@pytest.mark.parametrize("name", ["mlp", "small_cnn"])
+def test_registered_model_without_config_uses_schema_defaults(tmp_path: Path, name: str) -> None:
+    run_path, _ = write(tmp_path, {})
+    cfg = load_config(run_path, name, {"model.n_epochs": 3})
+    expected = MODEL_SCHEMA.defaults() | {"name": name, "n_epochs": 3}
+    assert cfg.model.to_dict() == expected
+    assert cfg.output.run_dir == f"runs/{name}"
+
+
+def test_unknown_model_lists_configs_and_models(tmp_path: Path) -> None:
+    run_path, _ = write(tmp_path, {})
+    with pytest.raises(ConfigError) as info:
+        load_config(run_path, "resnet")
+    msg = str(info.value)
+    assert msg.startswith("no model config 'resnet'") and "vgg16" in msg and "small_cnn" in msg
+
+
+def test_bad_path_placeholder_is_one_line(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, {"output": {"run_dir": "runs/{modle}"}})
+    assert "output.run_dir is 'runs/{modle}'" in msg and "{model}" in msg

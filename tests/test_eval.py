@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import mpi_eval_hand as hand  # noqa: E402
 
-from theanompi.eval import batch_metrics  # noqa: E402
+from theanompi.metrics import batch_metrics  # noqa: E402
 
 HAND = Path(__file__).parent / "mpi_eval_hand.py"
 VARYING = ("seconds", "images_per_s", "ranks")  # the only report keys allowed to depend on N

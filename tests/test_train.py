@@ -86,3 +86,43 @@ def test_train_resume_plot(cli, demo: Path, tmp_path: Path) -> None:
     for x, y in zip(a.params + a.opt_state, b.params + b.opt_state, strict=True):
         np.testing.assert_array_equal(x, y)
     assert a.meta["rng"] == b.meta["rng"]
+
+
+def test_timeline_lr_warmup_and_fp16_on_the_wire(cli, demo: Path, tmp_path: Path) -> None:
+    import json
+
+    run, trace = tmp_path / "run", tmp_path / "trace" / "timeline.json"
+    out = _train(
+        cli,
+        demo,
+        run,
+        "--epochs",
+        "1",
+        "--strategy",
+        "copper",
+        "--compression",
+        "fp16",
+        "--timeline",
+        str(trace),
+        "--lr-scaling",
+        "linear",
+        "--warmup-epochs",
+        "1",
+        "--set",
+        "training.lr_reference_batch=32",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "exchange copper+fp16/avg" in out.stdout and "lr x 2" in out.stdout
+    rec = read_record(run)
+    start = next(r for r in rec if r["kind"] == "start")
+    assert start["lr_scale"] == 2 and start["warmup_steps"] == 4
+    # global batch 64 = 2 x the reference: lr 0.02 x 2, reached over 4 steps from 0.02
+    steps = [r for r in rec if r["kind"] == "step"]
+    assert [r["lr"] for r in steps] == pytest.approx([0.035, 0.04])
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    for pid in (0, 1):
+        names = {e["name"] for e in spans if e["pid"] == pid}
+        assert {"compute", "exchange", "wait", "validate"} <= names, names
+    assert any(e["name"] == "checkpoint" for e in spans)

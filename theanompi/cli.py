@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from theanompi.comm import under_mpirun
 from theanompi.errors import ConfigError, UserError
@@ -15,7 +16,7 @@ from theanompi.errors import ConfigError, UserError
 __all__ = ["app", "main"]
 
 app = typer.Typer(
-    help="Data-parallel training of PyTensor models over MPI (BSP and EASGD).",
+    help="Data-parallel training of PyTensor models over MPI with pluggable sync rules.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -39,10 +40,16 @@ NProcs = Annotated[
 ]
 ConfigPath = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="Run config YAML [default: configs/config.yaml]."),
+    typer.Option("--config", "-c", help="Run config YAML (default: configs/config.yaml)."),
 ]
 ModelName = Annotated[
-    str | None, typer.Option("--model", "-m", help="Model config: configs/<MODEL>.yaml or a path.")
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Model config: configs/<MODEL>.yaml or a path; or a registered model without a "
+        "config file ({model.name}), built from the model schema defaults.",
+    ),
 ]
 DataDir = Annotated[
     Path | None, typer.Option("--data", help="Prep output folder (overrides data.dir).")
@@ -54,6 +61,20 @@ SetKeys = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override any key: --set section.key=value (repeatable)."),
 ]
+
+
+class _RegistryHelp(TyperCommand):
+    """A command whose option help names ``{section.key}``'s choices, read from the registries
+    only when the help is shown (so ``tmpi --help`` imports none of them)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from theanompi.config import fill_choices
+
+        for param in self.params:
+            text = getattr(param, "help", None)
+            if text and "{" in text:
+                param.help = fill_choices(text)
+        super().format_help(ctx, formatter)
 
 
 def _relaunch_if_asked(n: int | None) -> None:
@@ -91,17 +112,28 @@ def _overrides(sets: list[str] | None, **flags: Any) -> dict[str, Any]:
     return over
 
 
-@app.command()
+@app.command(cls=_RegistryHelp)
 def train(
     n: NProcs = None,
     config: ConfigPath = None,
     model: ModelName = None,
-    rule: Annotated[str | None, typer.Option("--rule", help="BSP or EASGD.")] = None,
+    rule: Annotated[
+        str | None, typer.Option("--rule", help="Sync rule: {weight_exchange.sync_rule}.")
+    ] = None,
     strategy: Annotated[
-        str | None, typer.Option("--strategy", help="BSP exchange: ar, asa32, asa16, copper.")
+        str | None,
+        typer.Option("--strategy", help="Exchange strategy: {weight_exchange.exch_strategy}."),
+    ] = None,
+    compression: Annotated[
+        str | None,
+        typer.Option("--compression", help="Values on the wire: {weight_exchange.compression}."),
     ] = None,
     sync_type: Annotated[
-        str | None, typer.Option("--sync-type", help="BSP: avg (params) or cdd (gradients).")
+        str | None,
+        typer.Option(
+            "--sync-type",
+            help="BSP: average parameters or gradients ({weight_exchange.sync_type}).",
+        ),
     ] = None,
     data: DataDir = None,
     run_dir: RunDir = None,
@@ -120,6 +152,25 @@ def train(
     avg_freq: Annotated[
         int | None, typer.Option("--avg-freq", help="EASGD: elastic exchange every K steps.")
     ] = None,
+    gossip_p: Annotated[
+        float | None,
+        typer.Option("--gossip-p", help="GOSGD: probability of a push after a step, in (0, 1]."),
+    ] = None,
+    lr_scaling: Annotated[
+        str | None,
+        typer.Option(
+            "--lr-scaling",
+            help="{training.lr_scaling}; linear: lr x global batch / training.lr_reference_batch.",
+        ),
+    ] = None,
+    warmup_epochs: Annotated[
+        float | None,
+        typer.Option("--warmup-epochs", help="Ramp the lr up linearly over these epochs."),
+    ] = None,
+    timeline: Annotated[
+        Path | None,
+        typer.Option("--timeline", help="Write a Chrome trace of every rank's spans here."),
+    ] = None,
     deterministic: Annotated[
         bool, typer.Option("--deterministic", help="No shuffle, crop or mirror randomness.")
     ] = False,
@@ -128,7 +179,11 @@ def train(
     ] = False,
     sets: SetKeys = None,
 ) -> None:
-    """Train a model with BSP or EASGD. With EASGD, rank 0 is the server: -n counts workers + 1."""
+    """Train a model with a sync rule. -n counts every rank, a rule's server included.
+
+    --model names configs/<MODEL>.yaml, a YAML path, or a registered model that has no
+    config file (e.g. --model mlp): its model section is then the schema defaults.
+    """
     from theanompi.config import check_world_size, load_config
 
     over = _overrides(
@@ -137,7 +192,9 @@ def train(
             "weight_exchange.sync_rule": rule,
             "weight_exchange.exch_strategy": strategy,
             "weight_exchange.sync_type": sync_type,
+            "weight_exchange.compression": compression,
             "weight_exchange.avg_freq": avg_freq,
+            "weight_exchange.gossip_p": gossip_p,
             "data.dir": str(data) if data else None,
             "output.run_dir": str(run_dir) if run_dir else None,
             "model.n_epochs": epochs,
@@ -146,28 +203,23 @@ def train(
             "randomness.seed": seed,
             "randomness.deterministic": True if deterministic else None,
             "training.max_steps": max_steps,
+            "training.lr_scaling": lr_scaling,
+            "training.warmup_epochs": warmup_epochs,
+            "output.timeline": str(timeline) if timeline else None,
         },
     )
     cfg = load_config(config, model, over)  # validate before starting any MPI job
-    easgd = cfg.weight_exchange.sync_rule == "EASGD"
     if n is not None and not under_mpirun():
-        if easgd and n < 2:
-            raise ConfigError(
-                f"EASGD needs a server and at least one worker: use -n 2 or more, got -n {n}"
-            )
-        check_world_size(cfg, n - 1 if easgd else n)
+        check_world_size(cfg, n)
     _relaunch_if_asked(n)
     _start(n)
     from theanompi.comm import world
 
-    size = world().Get_size()
-    if easgd and size < 2:
-        raise ConfigError("EASGD needs a server and at least one worker: run with -n 2 or more")
-    n_workers = size - 1 if easgd else size
-    check_world_size(cfg, n_workers)
+    check_world_size(cfg, world().Get_size())
     from theanompi.train import run
 
-    run(cfg, resume=resume)
+    if run(cfg, resume=resume)["interrupted"]:  # stopped at a step boundary; checkpoints valid
+        raise typer.Exit(130)
 
 
 @app.command("eval")

@@ -1,12 +1,10 @@
 """``tmpi eval``: top-1 / top-5 error and loss of a checkpoint on the val split, MPI-parallel.
 
 Every rank evaluates its share of the val sub-batches (``ValLoader``: rank ``r``
-of ``N`` takes sub-batches ``r, r + N, ...``; each sub-batch is the same ``b``
-images for any ``N``, so each image's probabilities are the same bits for any
-``N``). Counts (top-1 / top-5 hits, images, per-class hits) are integers and are
-summed exactly; the loss is summed per sub-batch in float64, gathered to rank 0
-indexed by the global sub-batch number and added up in that order. The result
-is therefore identical for any ``N``. Padded val slots (label ``-1``) are ignored.
+of ``N`` takes sub-batches ``r, r + N, ...``) with :func:`theanompi.metrics.evaluate`,
+the code path of in-training validation: the same tie rule, loss floor and exact,
+N-independent reduction (see :mod:`theanompi.metrics`). Padded val slots (label ``-1``)
+are ignored.
 
 Rank 0 prints a table and writes a JSON report next to the checkpoint
 (``epoch_0003.eval.json``, atomically); ``per_class`` adds per-class accuracy
@@ -17,27 +15,22 @@ top-5 class indices of every (non-padded) val image in val order
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from theanompi.errors import ConfigError, DataError
+from theanompi.metrics import TOP_K, evaluate, indexed_batches
 
 __all__ = [
     "run",
-    "evaluate",
-    "batch_metrics",
     "load_model_checkpoint",
     "report_path",
     "predictions_path",
     "format_table",
     "collective",
 ]
-
-TOP_K = 5
-_P_FLOOR = 1e-30  # probabilities are clipped here before the log (a 0 would give inf loss)
 
 
 def collective(comm: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -76,132 +69,6 @@ def predictions_path(checkpoint: str | Path) -> Path:
     """``epoch_0003.npz`` -> ``epoch_0003.top5.npy`` beside it."""
     p = Path(checkpoint)
     return p.with_name(f"{p.stem}.top{TOP_K}.npy")
-
-
-def batch_metrics(probs: np.ndarray, y: np.ndarray, k: int = TOP_K) -> dict[str, Any]:
-    """Metrics of one sub-batch; slots with ``y < 0`` (padding) are left out.
-
-    Parameters
-    ----------
-    probs
-        (b, K) class probabilities (or any scores whose order is the prediction).
-    y
-        (b,) int labels, ``-1`` for padding.
-    k
-        Top-k size (clipped to K).
-
-    Returns
-    -------
-    dict
-        ``n`` (valid images), ``top1``/``topk`` (hit counts), ``loss`` (float64 sum of
-        ``-log p[y]``), ``labels``, ``hit1`` (bool per valid image), ``topk_idx``
-        ((n, k) int32, best first; ties broken by the lower class index).
-
-    >>> import numpy as np
-    >>> m = batch_metrics(np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]), np.array([1, -1]), k=2)
-    >>> m["n"], m["top1"], m["topk"], m["topk_idx"].tolist()
-    (1, 0, 1, [[0, 1]])
-    """
-    probs = np.asarray(probs)
-    y = np.asarray(y)
-    valid = y >= 0
-    p, yv = probs[valid], y[valid].astype(np.int64)
-    k = min(k, p.shape[1]) if p.ndim == 2 else k
-    order = np.argsort(-p, axis=1, kind="stable")[:, :k].astype(np.int32)
-    hit1 = order[:, 0] == yv if len(yv) else np.zeros(0, dtype=bool)
-    hitk = (order == yv[:, None]).any(axis=1) if len(yv) else np.zeros(0, dtype=bool)
-    pt = np.maximum(p[np.arange(len(yv)), yv].astype(np.float64), _P_FLOOR)
-    return {
-        "n": int(len(yv)),
-        "top1": int(hit1.sum()),
-        "topk": int(hitk.sum()),
-        "loss": float(np.sum(-np.log(pt))),
-        "labels": yv,
-        "hit1": hit1,
-        "topk_idx": order,
-    }
-
-
-def evaluate(
-    model: Any,
-    batches: Iterable[tuple[int, np.ndarray, np.ndarray]],
-    comm: Any = None,
-    n_classes: int | None = None,
-    keep_predictions: bool = False,
-) -> dict[str, Any] | None:
-    """Evaluate ``model.predict`` on this rank's sub-batches and reduce over ``comm``.
-
-    Parameters
-    ----------
-    model
-        Anything with ``predict(x) -> (b, K) probabilities`` and ``n_classes``.
-    batches
-        This rank's ``(k, x, y)``: ``k`` the global sub-batch index (fixes the
-        summation order), ``x`` float32 (b, C, H, W), ``y`` int32 (b,), ``-1`` = padding.
-    comm
-        Communicator over which the work is split (default ``MPI.COMM_WORLD``).
-    n_classes
-        Class count for the per-class table (default ``model.n_classes``).
-    keep_predictions
-        Gather the top-5 indices of every image to rank 0 (in sub-batch order).
-
-    Returns
-    -------
-    dict or None
-        On rank 0: ``images``, ``top1_error``, ``top5_error``, ``loss``, ``seconds``,
-        ``images_per_s``, ``class_images`` / ``class_top1`` (int arrays) and, when asked,
-        ``predictions`` ((n, 5) int32). ``None`` on the other ranks.
-    """
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD if comm is None else comm
-    K = int(n_classes if n_classes is not None else model.n_classes)
-    counts = np.zeros(3, dtype=np.int64)  # images, top-1 hits, top-5 hits
-    class_n = np.zeros(K, dtype=np.int64)
-    class_hit = np.zeros(K, dtype=np.int64)
-    losses: list[tuple[int, float]] = []
-    preds: list[tuple[int, np.ndarray]] = []
-    comm.Barrier()
-    t0 = MPI.Wtime()
-    for k, x, y in batches:
-        m = batch_metrics(model.predict(x), y)
-        counts += (m["n"], m["top1"], m["topk"])
-        np.add.at(class_n, m["labels"], 1)
-        np.add.at(class_hit, m["labels"][m["hit1"]], 1)
-        losses.append((int(k), m["loss"]))
-        if keep_predictions:
-            preds.append((int(k), m["topk_idx"]))
-    seconds = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
-    tot = np.zeros_like(counts)
-    comm.Reduce(counts, tot, op=MPI.SUM, root=0)
-    cls = np.zeros((2, K), dtype=np.int64)
-    comm.Reduce(np.stack([class_n, class_hit]), cls, op=MPI.SUM, root=0)
-    all_losses = comm.gather(losses, root=0)
-    all_preds = comm.gather(preds, root=0) if keep_predictions else None
-    if comm.Get_rank() != 0:
-        return None
-    ordered = sorted((kl for part in all_losses for kl in part), key=lambda t: t[0])
-    loss_sum = 0.0
-    for _, s in ordered:  # fixed order: the same float64 sum for any N
-        loss_sum += s
-    n, h1, h5 = (int(v) for v in tot)
-    out: dict[str, Any] = {
-        "images": n,
-        "top1_error": 1.0 - h1 / n if n else float("nan"),
-        "top5_error": 1.0 - h5 / n if n else float("nan"),
-        "loss": loss_sum / n if n else float("nan"),
-        "seconds": seconds,
-        "images_per_s": n / seconds if seconds > 0 else float("nan"),
-        "class_images": cls[0],
-        "class_top1": cls[1],
-    }
-    if keep_predictions:
-        parts = sorted((kp for part in all_preds for kp in part), key=lambda t: t[0])
-        k_out = min(TOP_K, K)
-        out["predictions"] = (
-            np.concatenate([p for _, p in parts]) if parts else np.zeros((0, k_out), np.int32)
-        )
-    return out
 
 
 def load_model_checkpoint(model: Any, checkpoint: str | Path, model_name: str | None = None) -> Any:
@@ -352,13 +219,11 @@ def run(
 
     ckpt_path, loader, model, ckpt = collective(comm, setup, model)
 
-    def my_batches() -> Iterable[tuple[int, np.ndarray, np.ndarray]]:
-        with loader.batches() as it:
-            for i, (x, y) in enumerate(it):
-                yield rank + i * size, x, y  # global index in ValLoader's sub-batch order
-
     K = int(model.n_classes)
-    res = evaluate(model, my_batches(), comm, n_classes=K, keep_predictions=save_predictions)
+    # the code path of in-training validation (theanompi.metrics.validate): same numbers
+    res = evaluate(
+        model, indexed_batches(loader), comm, n_classes=K, keep_predictions=save_predictions
+    )
     report: dict[str, Any] | None = None
     if rank == 0:
         assert res is not None

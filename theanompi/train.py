@@ -1,33 +1,198 @@
-"""The training driver behind ``tmpi train``: dispatch a validated config to its rule."""
+"""``tmpi train``: build the run's parts from a validated config and hand them to the Trainer.
+
+This is where the config stops: every part below takes explicit values, so ``--strategy``
+can be followed from the CLI to ``create_rule`` to the exchanger.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["run"]
+from theanompi.errors import ConfigError
+
+__all__ = ["run", "create_rule", "build_model"]
 
 
-def run(cfg: Any, *, resume: bool = False, comm: Any = None) -> dict[str, Any]:
-    """Run ``cfg.weight_exchange.sync_rule`` (``BSP`` or ``EASGD``) on ``comm`` (default world).
+def create_rule(cfg: Any) -> Any:
+    """The sync rule named by ``weight_exchange.sync_rule``, with its values from the config."""
+    from theanompi.rules import rule_class
 
-    Returns the rule's summary dict. A run stopped by Ctrl-C/SIGTERM at a step
-    boundary exits with status 130 (its last checkpoint stays valid).
+    we = cfg.weight_exchange
+    cls = rule_class(we.sync_rule)
+    if we.sync_rule == "BSP":
+        return cls(strategy=we.exch_strategy, sync_type=we.sync_type, compression=we.compression)
+    if we.sync_rule == "EASGD":
+        return cls(alpha=we.alpha, avg_freq=we.avg_freq, sync_start=we.sync_start)
+    if we.sync_rule == "GOSGD":
+        return cls(p=we.gossip_p, seed=cfg.randomness.seed)
+    raise ConfigError(f"no constructor arguments known for sync rule {we.sync_rule!r}")
+
+
+def build_model(
+    section: Any, input_shape: tuple[int, int, int], batch_size: int, model: Any = None
+) -> Any:
+    """``create_model(section)`` (or the given model), checked against the data's input shape
+    and compiled for ``batch_size``."""
+    if model is None:
+        from theanompi.models import create_model
+
+        model = create_model(section)
+    if tuple(model.input_shape) != tuple(input_shape):
+        raise ConfigError(
+            f"model {section.name!r} takes inputs {tuple(model.input_shape)} but the data gives "
+            f"{tuple(input_shape)}; set model.input_size / channels to match"
+        )
+    model.build(int(batch_size))
+    return model
+
+
+def run(cfg: Any, *, resume: bool = False, comm: Any = None, model: Any = None) -> dict[str, Any]:
+    """Train ``cfg`` with its sync rule on the ranks of ``comm`` (default: the world).
+
+    Parameters
+    ----------
+    cfg
+        A validated :class:`theanompi.config.Config`.
+    resume
+        Continue from the latest checkpoint in ``cfg.output.checkpoint_dir``.
+    comm
+        The job's communicator.
+    model
+        An already created model (default ``create_model(cfg.model)``); tests pass one.
+
+    Returns
+    -------
+    dict
+        The summary, the same on every rank: ``epochs``, ``steps``, ``val_top1_err``,
+        ``val_top5_err``, ``val_loss``, ``val_n``, ``images_per_s``, ``t_compute`` /
+        ``t_exchange`` / ``t_wait`` / ``t_wall`` (mean s per step), ``median_*_s``,
+        ``seconds``, ``checkpoint``, ``interrupted``, and the rule's own fields.
     """
-    if comm is None:
-        from theanompi.comm import world
+    from mpi4py import MPI
 
-        comm = world()
-    rule = cfg.weight_exchange.sync_rule
-    if rule == "BSP":
-        from theanompi.rules.bsp import run_bsp
+    from theanompi.data import TrainLoader, ValLoader
+    from theanompi.eval import collective
+    from theanompi.timeline import Timeline
 
-        summary = run_bsp(cfg, comm, resume=resume)
-    elif rule == "EASGD":
-        from theanompi.rules.easgd import run_easgd
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rule = create_rule(cfg)
+    rule.check_world(comm.Get_size())
+    wcomm = rule.worker_comm(comm)
+    server = rule.server(comm)
+    timeline = Timeline(cfg.output.timeline or None, comm)
 
-        summary = run_easgd(cfg, comm, resume=resume)
-    else:  # load_config validates the choice; this guards programmatic use
-        raise ValueError(f"unknown sync_rule {rule!r}; choose from BSP, EASGD")
-    if isinstance(summary, dict) and summary.get("interrupted"):
-        raise SystemExit(130)
+    def setup() -> tuple[Any, Any, Any] | None:
+        if server is not None:
+            return None
+        rank, size = wcomm.Get_rank(), wcomm.Get_size()
+        train = TrainLoader(cfg, rank, size)
+        val = ValLoader(cfg, rank, size)
+        return train, val, build_model(cfg.model, train.input_shape, cfg.model.batch_size, model)
+
+    parts = collective(comm, setup)
+    if server is not None:
+        mine = server.serve()
+    else:
+        train, val, model = parts
+        mine = _fit(cfg, rule, wcomm, train, val, model, timeline, resume)
+    timeline.close()
+    # every rank returns the first worker's summary, with what the servers add (serve_s)
+    everyone = comm.allgather(mine)
+    first = comm.allreduce(comm.Get_rank() if server is None else comm.Get_size(), op=MPI.MIN)
+    summary = dict(everyone[first])
+    for r, part in enumerate(everyone):
+        if r != first and "serve_s" in part:
+            summary.update(part)
     return summary
+
+
+def _fit(
+    cfg: Any, rule: Any, comm: Any, train: Any, val: Any, model: Any, timeline: Any, resume: bool
+) -> dict[str, Any]:
+    """Start values (rank 0's or the checkpoint's), record, then the Trainer's loop."""
+    from theanompi.params import bcast_values, check_same_layout
+    from theanompi.record import RecordWriter
+    from theanompi.rng import seed_rngs
+    from theanompi.schedule import LRSchedule, lr_scale
+    from theanompi.snapshot import Snapshotter
+    from theanompi.trainer import LoopSettings, Trainer
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tag = f"[{rule.name.lower()}]"
+    log = (lambda text: print(f"{tag} {text}", flush=True)) if rank == 0 else (lambda text: None)
+    n_epochs = int(cfg.model.n_epochs)
+    check_same_layout(model.params, comm, "param")
+    check_same_layout(model.opt_state, comm, "optimizer state")
+    seed_rngs(model, cfg.randomness.seed, rule.world.Get_rank())
+    rule_meta = {"config": cfg.to_dict(), "rule": rule.name}
+    snap = Snapshotter(
+        cfg.output.checkpoint_dir,
+        cfg.output.snapshot_freq,
+        comm,
+        model,
+        local_opt=rule.local_opt_state,
+        meta=rule_meta,
+    )
+    start_epoch, step, last_ckpt = 0, 0, None
+    if resume:
+        ck = snap.restore()
+        start_epoch, step, last_ckpt = ck.epoch, ck.step, str(ck.path)
+        log(f"resumed from {ck.path} (epoch {start_epoch}, step {step})")
+        if start_epoch >= n_epochs:
+            log(
+                f"{start_epoch} epoch(s) already done of model.n_epochs={n_epochs}; "
+                "nothing to train (raise --epochs to continue)"
+            )
+    else:
+        bcast_values(model.params, comm)
+        bcast_values(model.opt_state, comm)
+    rule.setup(model, comm)
+    b = train.batch_size
+    global_batch = b * size
+    scale = lr_scale(cfg.training.lr_scaling, global_batch, cfg.training.lr_reference_batch)
+    warmup = round(float(cfg.training.warmup_epochs) * train.steps_per_epoch)
+    log(
+        f"{rule.world_size} rank(s), model {cfg.model.name}, {rule.describe()}, batch {b}/worker "
+        f"({global_batch} global on {size} worker(s)), {n_epochs} epochs"
+        + (f", lr x {scale:g}" if scale != 1 else "")
+        + (f", warm-up {warmup} steps" if warmup else "")
+    )
+    log(train.summary)
+    record = RecordWriter(
+        cfg.output.record_dir, enabled=rank == 0, keep_before_epoch=start_epoch if resume else None
+    )
+    record.write(
+        "start",
+        rule=rule.name,
+        world_size=rule.world_size,
+        n_workers=size,
+        resume=resume,
+        start_epoch=start_epoch,
+        steps_per_epoch=train.steps_per_epoch,
+        dropped_sub_batches=train.dropped,
+        batch_size=b,
+        lr_scale=scale,
+        warmup_steps=warmup,
+        config=cfg.to_dict(),
+        **rule.settings(),
+    )
+    trainer = Trainer(
+        model=model,
+        rule=rule,
+        comm=comm,
+        train=train,
+        val=val,
+        snap=snap,
+        record=record,
+        timeline=timeline,
+        schedule=LRSchedule(scale, warmup),
+        settings=LoopSettings(
+            n_epochs=n_epochs,
+            print_freq=int(cfg.training.print_freq),
+            check_every=int(cfg.weight_exchange.check_every),
+        ),
+    )
+    try:
+        return trainer.fit(start_epoch, step, last_ckpt)
+    finally:
+        record.close()

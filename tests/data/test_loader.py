@@ -182,8 +182,7 @@ def test_prefetcher_runs_ahead_and_closes_early() -> None:
 
 
 def test_manifest_mismatch_is_one_line_config_error(data: Path, tmp_path: Path) -> None:
-    cfg = _cfg(data, tmp_path)
-    cfg.data["file_batch_size"] = 32
+    cfg = _cfg(data, tmp_path, **{"data.file_batch_size": 32})
     with pytest.raises(
         ConfigError, match=r"data.file_batch_size=32 .* says 16; pass --set data.file_batch_size=16"
     ):
@@ -191,8 +190,7 @@ def test_manifest_mismatch_is_one_line_config_error(data: Path, tmp_path: Path) 
 
 
 def test_missing_data_dir_is_a_data_error(tmp_path: Path, data: Path) -> None:
-    cfg = _cfg(data, tmp_path)
-    cfg.data["dir"] = str(tmp_path / "nothing")
+    cfg = _cfg(data, tmp_path, **{"data.dir": str(tmp_path / "nothing")})
     with pytest.raises(DataError, match="no prep output"):
         TrainLoader(cfg, 0, 1)
 

@@ -1,4 +1,4 @@
-"""Every exchanger under real ``mpirun -n N``: exact vs float64, bit-identical, errors at N=3."""
+"""Every exchanger and compressor under real ``mpirun -n N``: vs float64, bit-identical, refusals."""
 
 from __future__ import annotations
 
@@ -12,15 +12,27 @@ from theanompi.comm import under_mpirun
 SCRIPT = Path(__file__).with_name("mpi_exchange.py")
 
 
+def _script():
+    """``mpi_exchange.py`` as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("mpi_exchange", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.mpi
 @pytest.mark.skipif(under_mpirun(), reason="already under mpirun: test_world runs instead")
 @pytest.mark.parametrize("n", [1, 2, 3, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_exchangers_under_mpirun(mpirun, n: int) -> None:
-    """All strategies x {mean, sum} x 2 steps in one launch (N=3: ar only, others must refuse)."""
-    proc = mpirun(n, [SCRIPT], timeout=240)
+    """All cases x {mean, sum} x 2 steps in one launch (N=3: power-of-2 strategies refuse)."""
+    mod = _script()
+    proc = mpirun(n, [SCRIPT], timeout=300)
     assert "all checks passed" in proc.stdout, proc.stdout
-    if n == 3:
-        assert proc.stdout.count("ConfigError ok") == 6, proc.stdout
+    cases = mod.default_cases()
+    assert all(f"  {case:20s} mean " in proc.stdout for case in cases), proc.stdout
+    if n & (n - 1):
+        refusing = [c for c in cases if mod.needs_power_of_two(c)]
+        assert refusing and proc.stdout.count("ConfigError ok") == 2 * len(refusing), proc.stdout
 
 
 @pytest.mark.mpi
@@ -29,10 +41,7 @@ def test_world() -> None:
     """Under ``mpirun -n N pytest``: the same checks on COMM_WORLD, whatever N is."""
     from mpi4py import MPI
 
-    spec = importlib.util.spec_from_file_location("mpi_exchange", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script()
     comm = MPI.COMM_WORLD
-    names = ["ar", "asa32", "asa16", "copper", "ar_per_array", *mod.VARIANTS]
-    fails = mod.check(comm, names, ["mean", "sum"])
+    fails = mod.check(comm, mod.default_cases(), ["mean", "sum"])
     assert comm.allreduce(len(fails)) == 0, fails

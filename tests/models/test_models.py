@@ -93,7 +93,7 @@ def test_tiny_variant_output_shape_and_one_sgd_step_lowers_loss(name):
     [
         ("alexnet", "alexnet"),
         ("googlenet", "googlenet"),
-        ("vggnet", "vgg16"),
+        ("vgg16", "vgg16"),
         ("customized", "mlp"),
         ("digits", "small_cnn"),
     ],

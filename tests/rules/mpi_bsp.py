@@ -2,7 +2,7 @@
 
 ``python mpi_bsp.py DATA RUN OUT [--resume] [--skew] [section.key=value ...]``
 
-Runs ``run_bsp`` with the numpy FakeModel, then rank 0 writes OUT (.npz): every rank's params and
+Runs ``theanompi.train.run`` (rule BSP) with the numpy FakeModel, then rank 0 writes OUT (.npz): every rank's params and
 optimizer state (gathered), and the summary as JSON. ``--skew`` gives rank 1 a
 model with an extra parameter (the start-up layout check must refuse it).
 Exits 130 when the run was interrupted.
@@ -30,7 +30,7 @@ from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
 from theanompi.errors import UserError  # noqa: E402
-from theanompi.rules.bsp import run_bsp  # noqa: E402
+from theanompi.train import run as train_run  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     if "--skew" in flags and rank == 1:
         model.params.append(pytensor.shared(np.zeros(3, np.float32), name="extra.b"))
     try:
-        summary = run_bsp(cfg, comm, resume="--resume" in flags, model=model)
+        summary = train_run(cfg, comm=comm, resume="--resume" in flags, model=model)
     except UserError as err:
         if rank == 0:
             print(f"tmpi: error: {err}", file=sys.stderr, flush=True)

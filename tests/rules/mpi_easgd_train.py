@@ -25,7 +25,7 @@ from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
 from theanompi.errors import UserError  # noqa: E402
-from theanompi.rules.easgd import run_easgd  # noqa: E402
+from theanompi.train import run as train_run  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
                 "data.layout": man["layout"],
             }
             cfg = load_config(None, None, {**base, **over})
-        summary = run_easgd(cfg, comm, resume="--resume" in flags, model=model)
+        summary = train_run(cfg, comm=comm, resume="--resume" in flags, model=model)
     except UserError as err:
         if comm.Get_rank() == 0:
             print(f"tmpi: error: {err}", file=sys.stderr, flush=True)

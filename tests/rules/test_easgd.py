@@ -8,7 +8,6 @@ import json
 import re
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,8 +17,9 @@ from _train_data import write_dataset  # noqa: E402
 
 from theanompi.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 from theanompi.errors import ConfigError  # noqa: E402
+from theanompi.params import ParamBuffer  # noqa: E402
 from theanompi.record import read_record  # noqa: E402
-from theanompi.rules.easgd import ParamBuffer, elastic_delta, run_easgd  # noqa: E402
+from theanompi.rules.easgd import EASGD, elastic_delta  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "mpi_easgd_train.py"
@@ -112,29 +112,14 @@ def test_three_workers_share_the_epoch(mpirun, tiny: Path, tmp_path: Path) -> No
     assert s["exchanges"] == {"1": 2, "2": 2, "3": 2}
 
 
-def _cfg(**we: object) -> SimpleNamespace:
-    return SimpleNamespace(weight_exchange=SimpleNamespace(**{"sync_start": True, **we}))
-
-
-class _Comm:
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def Get_rank(self) -> int:
-        return 0
-
-    def Get_size(self) -> int:
-        return self.size
-
-
 def test_sync_start_false_is_a_clear_config_error() -> None:
     with pytest.raises(ConfigError, match="sync_start=false .* not supported.*one mpirun"):
-        run_easgd(_cfg(sync_start=False), _Comm(3))
+        EASGD(sync_start=False)
 
 
 def test_one_rank_is_a_clear_config_error() -> None:
     with pytest.raises(ConfigError, match="server rank and at least one worker.*-n 2"):
-        run_easgd(_cfg(), _Comm(1))
+        EASGD.check_world(1)
 
 
 def test_cli_train_easgd_sync_start_false_one_line(cli) -> None:

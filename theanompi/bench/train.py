@@ -2,7 +2,7 @@
 
 ``python -m theanompi.bench.train`` (``tmpi bench train``) relaunches itself under
 ``mpirun -n N`` for each N of ``--ranks`` with one BLAS thread per rank
-(``OPENBLAS_NUM_THREADS=1``), runs ``run_bsp`` for ``--steps`` steps (one epoch
+(``OPENBLAS_NUM_THREADS=1``), runs ``theanompi.train.run`` (BSP) for ``--steps`` steps (one epoch
 capped by ``training.max_steps``, no checkpoints) and prints a table of medians
 per step: images/s, step time and its split into compute / exchange / data
 wait, plus the speed-up of each N over N=1 (goal: N=2 >= 1.7x). The demo data
@@ -93,7 +93,7 @@ def _worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from theanompi.config import check_world_size, load_config
-    from theanompi.rules.bsp import run_bsp
+    from theanompi.train import run as train_run
 
     world = MPI.COMM_WORLD
     comm = MPI.COMM_SELF if args.independent else world
@@ -102,7 +102,7 @@ def _worker(args: argparse.Namespace) -> int:
         check_world_size(cfg, comm.Get_size())
         world.Barrier()
         with contextlib.redirect_stdout(io.StringIO()):
-            s = run_bsp(cfg, comm)
+            s = train_run(cfg, comm=comm)
     b = int(cfg.model.batch_size)
     mine = {k: s[f"median_{k}_s"] for k in ("wall", "compute", "exchange", "wait")}
     everyone = world.gather(mine, root=0)

@@ -1,15 +1,32 @@
-"""BSP parameter exchangers: ``create_exchanger(name)`` → prepare once, exchange in place."""
+"""BSP parameter exchangers: ``create_exchanger(name)`` → prepare once, exchange in place.
+
+:data:`STRATEGIES` is the only list of strategy names; everything else (config validation,
+CLI help, the benchmark, the tests) reads it and asks :func:`strategy_class` for a
+strategy's capabilities instead of listing names again. Any strategy takes any compressor of
+:data:`~theanompi.exchange.compression.COMPRESSORS` (what travels on the wire):
+
+============== ============================ ====== ========== ==========================
+name           collective                   N      float16    float16 roundings per value
+============== ============================ ====== ========== ==========================
+``ar``         ``Allreduce`` in segments    any    ``fp16``   N (any order of sums)
+``asa32``      ``Alltoall`` + ``Allgather`` 2^k    ``fp16``   2
+``asa16``      ``asa32``, always float16    2^k    implied    2
+``copper``     binary tree, ``Send/Recv``   2^k    ``fp16``   1 + log2 N
+``ar_per_array`` one ``Allreduce`` per array any    ``fp16``   N (benchmark baseline)
+============== ============================ ====== ========== ==========================
+"""
 
 from __future__ import annotations
 
 from importlib import import_module
 from typing import Any
 
+from theanompi.errors import ConfigError
 from theanompi.exchange.base import OPS, Exchanger
 
-__all__ = ["Exchanger", "OPS", "STRATEGIES", "create_exchanger"]
+__all__ = ["Exchanger", "OPS", "STRATEGIES", "create_exchanger", "strategy_class"]
 
-# name -> (module, class); modules are imported only when chosen
+#: name -> (module, class); modules are imported only when chosen
 STRATEGIES: dict[str, tuple[str, str]] = {
     "ar": ("theanompi.exchange.ar", "ArExchanger"),
     "asa32": ("theanompi.exchange.asa", "Asa32Exchanger"),
@@ -19,17 +36,54 @@ STRATEGIES: dict[str, tuple[str, str]] = {
 }
 
 
-def create_exchanger(name: str, comm: Any = None, op: str = "mean", **kw: Any) -> Exchanger:
+def strategy_class(name: str) -> type[Exchanger]:
+    """The exchanger class called ``name`` (its module imported now), to ask its capabilities.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`STRATEGIES`.
+
+    Returns
+    -------
+    type[Exchanger]
+        With ``requires_power_of_two``, ``implied_compression``, ``baseline`` and
+        ``wire_roundings(n)``.
+
+    Examples
+    --------
+    >>> strategy_class("copper").requires_power_of_two
+    True
+    >>> strategy_class("allreduce")
+    Traceback (most recent call last):
+    ...
+    theanompi.errors.ConfigError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array'
+    """
+    if name not in STRATEGIES:
+        choices = ", ".join(map(repr, STRATEGIES))
+        raise ConfigError(f"unknown exchanger {name!r}; choose from {choices}")
+    module, cls = STRATEGIES[name]
+    return getattr(import_module(module), cls)
+
+
+def create_exchanger(
+    name: str, comm: Any = None, op: str = "mean", compression: str = "none", **kw: Any
+) -> Exchanger:
     """The exchanger called ``name`` on ``comm`` (default ``MPI.COMM_WORLD``).
 
     Parameters
     ----------
-    name : {"ar", "asa32", "asa16", "copper", "ar_per_array"}
-        ``ar`` works for any N; the others except ``ar_per_array`` need N a power of 2
-        (:class:`~theanompi.errors.ConfigError` otherwise). ``ar_per_array`` is the
-        unfused baseline of the benchmark.
+    name : str
+        A key of :data:`STRATEGIES` (:class:`~theanompi.errors.ConfigError` otherwise).
+        ``ar`` and ``ar_per_array`` work for any N, the others need N a power of 2
+        (``ConfigError`` otherwise). ``ar_per_array`` is the unfused baseline of the benchmark.
     comm : mpi4py communicator, optional
     op : {"mean", "sum"}
+    compression : {"none", "fp16"}
+        What travels on the wire (a key of
+        :data:`~theanompi.exchange.compression.COMPRESSORS`): ``"fp16"`` sends float16
+        (half the bytes; error bound in :meth:`Exchanger.error_bound`). ``asa16`` always
+        sends float16; ``asa32`` with ``"fp16"`` is ``asa16``.
     **kw
         Strategy options (``fuse_below`` and ``segment`` for ``ar``, ``segment`` for ``copper``).
 
@@ -43,10 +97,6 @@ def create_exchanger(name: str, comm: Any = None, op: str = "mean", **kw: Any) -
     >>> create_exchanger("allreduce")
     Traceback (most recent call last):
     ...
-    ValueError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array'
+    theanompi.errors.ConfigError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array'
     """
-    if name not in STRATEGIES:
-        choices = ", ".join(map(repr, STRATEGIES))
-        raise ValueError(f"unknown exchanger {name!r}; choose from {choices}")
-    module, cls = STRATEGIES[name]
-    return getattr(import_module(module), cls)(comm=comm, op=op, **kw)
+    return strategy_class(name)(comm=comm, op=op, compression=compression, **kw)

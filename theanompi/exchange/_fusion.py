@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from theanompi.exchange.compression import Compressor
+
 __all__ = ["FusionBuffer", "StreamingFusion", "split_by_size"]
 
 
@@ -24,7 +26,8 @@ class FusionBuffer:
     multiple : int
         The padded length is the smallest multiple of this that holds all elements.
     dtype : numpy dtype
-        Element type of the buffer (float32; uint16 holding float16 bits for asa16).
+        Element type of the buffer: a compressor's ``wire_dtype`` (float32, or uint16
+        holding float16 bits).
 
     Examples
     --------
@@ -36,6 +39,9 @@ class FusionBuffer:
     array([0., 1., 2., 1., 1., 0., 0., 0.], dtype=float32)
     >>> fb.buffer *= 2; fb.unpack([a, b]); a
     array([0., 2., 4.], dtype=float32)
+    >>> from theanompi.exchange.compression import NoCompression
+    >>> fb.unpack([a, b], NoCompression(size=2, op="mean")); a   # the mean of two ranks
+    array([0., 1., 2.], dtype=float32)
     """
 
     def __init__(
@@ -67,23 +73,21 @@ class FusionBuffer:
         c = self.padded_count // n
         return self.buffer[j * c : (j + 1) * c]
 
-    def pack(self, arrays: Sequence[np.ndarray], scale: float | None = None) -> None:
-        """Copy (optionally times ``scale``) every array into its slice of the buffer."""
+    def pack(self, arrays: Sequence[np.ndarray], compressor: Compressor | None = None) -> None:
+        """Copy (or ``compressor.compress``) every array into its slice of the buffer."""
         for i, a in enumerate(arrays):
-            dst = self.view(i).reshape(a.shape)
-            if scale is None:
-                np.copyto(dst, a, casting="same_kind")
+            if compressor is None:
+                np.copyto(self.view(i).reshape(a.shape), a, casting="same_kind")
             else:
-                np.multiply(a, a.dtype.type(scale), out=dst, casting="same_kind")
+                compressor.compress(a, self.view(i))
 
-    def unpack(self, arrays: Sequence[np.ndarray], divide_by: float | None = None) -> None:
-        """Copy (optionally divided by ``divide_by``) every slice of the buffer into its array."""
+    def unpack(self, arrays: Sequence[np.ndarray], compressor: Compressor | None = None) -> None:
+        """Copy (or ``compressor.decompress``) every slice of the buffer into its array."""
         for i, a in enumerate(arrays):
-            src = self.view(i).reshape(a.shape)
-            if divide_by is None:
-                np.copyto(a, src, casting="same_kind")
+            if compressor is None:
+                np.copyto(a, self.view(i).reshape(a.shape), casting="same_kind")
             else:
-                np.divide(src, a.dtype.type(divide_by), out=a, casting="same_kind")
+                compressor.decompress(self.view(i), a)
 
 
 class StreamingFusion:
@@ -91,9 +95,9 @@ class StreamingFusion:
 
     A classic fusion buffer is packed whole, reduced, then unpacked whole, with the mean's
     division as one more pass. Here one scratch segment (at most ``segment`` elements) is
-    filled, reduced and emptied in turn, the division folded into the emptying, so with
-    segments that fit the cache the collective reads what the pack just wrote and the unpack
-    what it just summed. Arrays may straddle segments.
+    filled, reduced and emptied in turn, the compressor's casts and scaling folded into the
+    filling and emptying, so with segments that fit the cache the collective reads what the
+    pack just wrote and the unpack what it just summed. Arrays may straddle segments.
 
     Parameters
     ----------
@@ -101,18 +105,24 @@ class StreamingFusion:
         Number of elements of each array, in order.
     segment : int
         Most elements per segment (one collective each).
+    dtype : numpy dtype
+        Element type of the scratch segment (the compressor's ``wire_dtype``).
 
     Examples
     --------
+    >>> from theanompi.exchange.compression import NoCompression
     >>> sf = StreamingFusion([3, 4], segment=5)
     >>> sf.segments
     [(5, [(0, 0, 0, 3), (1, 0, 3, 2)]), (2, [(1, 2, 0, 2)])]
     >>> a, b = np.ones(3, np.float32), np.arange(4, dtype=np.float32)
-    >>> sf.reduce([a, b], lambda buf: np.multiply(buf, 4, out=buf), divide_by=2); b
+    >>> mean_of_2 = NoCompression(size=2, op="mean")
+    >>> sf.reduce([a, b], lambda buf: np.multiply(buf, 4, out=buf), mean_of_2); b
     array([0., 2., 4., 6.], dtype=float32)
     """
 
-    def __init__(self, sizes: Sequence[int], segment: int) -> None:
+    def __init__(
+        self, sizes: Sequence[int], segment: int, dtype: np.dtype | type = np.float32
+    ) -> None:
         if segment < 1:
             raise ValueError(f"segment must be >= 1 element, got {segment!r}")
         # segments: (elements used, [(array k, offset in k, offset in segment, length), ...])
@@ -130,15 +140,15 @@ class StreamingFusion:
                     pieces, used = [], 0
         if pieces:
             self.segments.append((used, pieces))
-        self.scratch = np.zeros(max((u for u, _ in self.segments), default=1), np.float32)
+        self.scratch = np.zeros(max((u for u, _ in self.segments), default=1), dtype)
 
     def reduce(
         self,
         arrays: Sequence[np.ndarray],
         allreduce: Callable[[np.ndarray], None],
-        divide_by: float | None = None,
+        compressor: Compressor,
     ) -> None:
-        """Pack each segment, ``allreduce(segment)`` in place, unpack it (divided) into ``arrays``."""
+        """Compress each segment, ``allreduce(segment)`` in place, decompress it into ``arrays``."""
         flats = [
             a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
             for a in arrays
@@ -146,14 +156,10 @@ class StreamingFusion:
         for used, pieces in self.segments:
             buf = self.scratch[:used]
             for k, a0, s0, n in pieces:
-                np.copyto(buf[s0 : s0 + n], flats[k][a0 : a0 + n])
+                compressor.compress(flats[k][a0 : a0 + n], buf[s0 : s0 + n])
             allreduce(buf)
             for k, a0, s0, n in pieces:
-                dst = flats[k][a0 : a0 + n]
-                if divide_by is None:
-                    np.copyto(dst, buf[s0 : s0 + n])
-                else:
-                    np.divide(buf[s0 : s0 + n], dst.dtype.type(divide_by), out=dst)
+                compressor.decompress(buf[s0 : s0 + n], flats[k][a0 : a0 + n])
         for a, flat in zip(arrays, flats, strict=True):
             if not a.flags.c_contiguous:
                 np.copyto(a, flat.reshape(a.shape))

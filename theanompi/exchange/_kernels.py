@@ -1,4 +1,4 @@
-"""Local compute of the exchangers: float16 conversion and the sum of received chunks.
+"""Local compute of the exchangers: float16 conversion, sums of received chunks and pairs.
 
 numpy converts float32<->float16 one element at a time in software (~6 ns/element here),
 which would cost more than float16 saves on the wire. These kernels are compiled with numba
@@ -6,7 +6,7 @@ which would cost more than float16 saves on the wire. These kernels are compiled
 ``vcvtps2ph``/``vcvtph2ps`` instructions and are vectorised: ~12x faster and bit-identical to
 numpy (round to nearest even; inf and nan kept). float16 data is held as ``uint16`` bit
 patterns because numba has no CPU float16 type. If numba is missing or the compiled kernels
-disagree with numpy on a self-test, the numpy versions below are used (``BACKEND`` says which).
+disagree with numpy on a self-test, the numpy versions below are used (``kernels().backend`` says which).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["kernels", "NumpyKernels"]
+__all__ = ["kernels", "NumpyKernels", "F16_MAX"]
+
+F16_MAX = 65504.0  # float16's largest finite value
 
 
 class NumpyKernels:
@@ -43,9 +45,24 @@ class NumpyKernels:
 
     @staticmethod
     def sum_rows_half(rows: np.ndarray, out: np.ndarray) -> None:
-        """``out[:] = float16(sum of float32(rows[k]) in row order)``; uint16 bits."""
+        """``out[:] = float16(sum of float32(rows[k]) in row order)``; uint16 bits; a finite
+        sum beyond float16's range saturates to +-65504 instead of becoming inf."""
         acc = np.add.reduce(rows.view(np.float16), axis=0, dtype=np.float32)
+        _saturate(acc)
         np.copyto(out.view(np.float16), acc, casting="same_kind")
+
+    @staticmethod
+    def add_half(src: np.ndarray, inout: np.ndarray) -> None:
+        """``inout[:] = float16(float32(src) + float32(inout))``; uint16 bits; saturating
+        as :meth:`sum_rows_half`."""
+        acc = np.add(src.view(np.float16), inout.view(np.float16), dtype=np.float32)
+        _saturate(acc)
+        np.copyto(inout.view(np.float16), acc, casting="same_kind")
+
+
+def _saturate(acc: np.ndarray) -> None:
+    """Clip finite float32 values to float16's range in place (inf and nan stay)."""
+    np.clip(acc, -F16_MAX, F16_MAX, out=acc, where=np.isfinite(acc))
 
 
 def _build_numba() -> Any:
@@ -68,6 +85,7 @@ def _build_numba() -> Any:
         from_half=from_half,
         sum_rows=sum_rows,
         sum_rows_half=nk.sum_rows_half,
+        add_half=nk.add_half,
     )
 
 
@@ -96,11 +114,18 @@ def _self_test(k: Any) -> bool:
     k.sum_rows(rows, 0.25, s1)
     ref.sum_rows(rows, 0.25, s2)
     ok &= np.array_equal(s1, s2)
-    hrows = rows.astype(np.float16).view(np.uint16)
+    hrows = rows.astype(np.float16)
+    hrows[:, :3] = [[65504, -65504, 65504]] * 3 + [[16, -16, np.inf]]  # saturates, inf stays
+    hrows = hrows.view(np.uint16)
     o1, o2 = np.empty(rows.shape[1], np.uint16), np.empty(rows.shape[1], np.uint16)
     k.sum_rows_half(hrows, o1)
     ref.sum_rows_half(hrows, o2)
     ok &= np.array_equal(o1, o2)
+    a = np.random.default_rng(2).permutation(bits)  # every float16 against another one
+    b1, b2 = bits.copy(), bits.copy()
+    k.add_half(a, b1)
+    ref.add_half(a, b2)
+    ok &= np.array_equal(b1.view(np.float16), b2.view(np.float16), equal_nan=True)
     return bool(ok)
 
 

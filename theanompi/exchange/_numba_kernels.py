@@ -9,9 +9,11 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["to_half", "from_half", "sum_rows", "sum_rows_half"]
+__all__ = ["to_half", "from_half", "sum_rows", "sum_rows_half", "add_half"]
 
 _BLOCK = 4096  # columns per block in the row sums: the float32 accumulator stays in L1
+_F16_MAX = np.float32(65504.0)  # float16's largest finite value
+_INF = np.float32(np.inf)
 
 
 @intrinsic
@@ -35,6 +37,18 @@ def _h2f(typingctx: Any, b: Any) -> Any:
 
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+
+@njit(inline="always")
+def _saturate(s: Any) -> Any:  # pragma: no cover - compiled
+    """A finite float32 beyond float16's range becomes +-65504 instead of rounding to inf."""
+    if s > _F16_MAX:
+        if s != _INF:
+            return _F16_MAX
+    elif s < -_F16_MAX:
+        if s != -_INF:
+            return -_F16_MAX
+    return s
 
 
 @_jit
@@ -88,4 +102,10 @@ def sum_rows_half(rows: Any, out: Any) -> None:  # pragma: no cover - compiled
                 a[j] += _h2f(r[j])
         o = out[j0:j1]
         for j in range(j1 - j0):
-            o[j] = _f2h(a[j])
+            o[j] = _f2h(_saturate(a[j]))
+
+
+@_jit
+def add_half(src: Any, inout: Any) -> None:  # pragma: no cover - compiled
+    for i in range(src.size):
+        inout[i] = _f2h(_saturate(_h2f(src[i]) + _h2f(inout[i])))

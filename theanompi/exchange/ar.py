@@ -37,13 +37,20 @@ class ArExchanger(Exchanger):
     combine the same partial sums on every rank, and ``a + b == b + a`` exactly; the test
     suite checks this at N = 2, 3, 4, 8.
 
+    With ``compression="fp16"`` (Theano-MPI's ``nccl16``) every array goes through the
+    streamed segments, compressed to float16 on the way in, and the ``Allreduce`` uses the
+    compressor's user-defined ``MPI.Op``, which adds two float16 buffers in float32 and
+    rounds back to float16 (MPI has no float16 sum). Open MPI may add the N values in any
+    order, so a value can meet up to N - 1 float16 roundings of partial sums besides its own
+    conversion: :attr:`wire_roundings` is N, a looser bound than ``asa16``'s 2.
+
     Parameters
     ----------
-    comm, op
+    comm, op, compression
         See :class:`~theanompi.exchange.base.Exchanger`.
     fuse_below : int
         Arrays with fewer elements than this are fused; ``0`` fuses none, a huge value fuses
-        every array.
+        every array. Compressed exchanges stream every array (they copy them anyway).
     segment : int
         Most elements one ``Allreduce`` call moves; a huge value reduces each large array
         in one call.
@@ -52,9 +59,14 @@ class ArExchanger(Exchanger):
     name = "ar"
 
     def __init__(
-        self, comm=None, op: str = "mean", fuse_below: int = FUSE_BELOW, segment: int = SEGMENT
+        self,
+        comm=None,
+        op: str = "mean",
+        compression: str = "none",
+        fuse_below: int = FUSE_BELOW,
+        segment: int = SEGMENT,
     ) -> None:
-        super().__init__(comm, op)
+        super().__init__(comm, op, compression)
         if fuse_below < 0:
             raise ValueError(f"fuse_below must be >= 0 elements, got {fuse_below!r}")
         if segment < 1:
@@ -63,30 +75,31 @@ class ArExchanger(Exchanger):
         self.segment = int(segment)
 
     def _prepare(self, arrays: list[np.ndarray]) -> None:
-        self._fused, self._direct = split_by_size(arrays, self.fuse_below)
+        c = self.compressor
+        fuse_below = self.fuse_below if c.in_place else 1 << 62
+        self._fused, self._direct = split_by_size(arrays, fuse_below)
         sizes = [arrays[i].size for i in self._fused]
-        self._fusion = StreamingFusion(sizes, self.segment) if self._fused else None
+        self._fusion = StreamingFusion(sizes, self.segment, c.wire_dtype) if sizes else None
+        self._op = c.mpi_sum() if self.size > 1 else None
 
     def allreduce(self, buf: np.ndarray) -> None:
-        """``MPI.Allreduce(IN_PLACE, buf, SUM)`` on a contiguous buffer."""
+        """``MPI.Allreduce(IN_PLACE, buf, op)``: the compressor's sum of a contiguous wire buffer."""
         from mpi4py import MPI
 
-        self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        self.comm.Allreduce(MPI.IN_PLACE, buf, op=self._op)
 
     def _reduce_segments(self, buf: np.ndarray) -> None:
-        """Allreduce a contiguous buffer slice by slice, dividing each slice for the mean."""
+        """Allreduce a contiguous float32 buffer in place slice by slice, each then scaled."""
         flat = buf.reshape(-1)
-        n = np.float32(self.size)
         for s0 in range(0, flat.size, self.segment):
             seg = flat[s0 : s0 + self.segment]
             self.allreduce(seg)
-            if self.op == "mean":
-                np.divide(seg, n, out=seg)
+            self.compressor.decompress(seg, seg)  # float32: the mean's division, in place
 
     def _exchange(self, arrays: list[np.ndarray]) -> None:
         if self._fusion is not None:
-            divide_by = self.size if self.op == "mean" else None
-            self._fusion.reduce([arrays[i] for i in self._fused], self.allreduce, divide_by)
+            fused = [arrays[i] for i in self._fused]
+            self._fusion.reduce(fused, self.allreduce, self.compressor)
         for i in self._direct:
             a = arrays[i]
             buf = a if a.flags.c_contiguous and a.flags.writeable else np.ascontiguousarray(a)

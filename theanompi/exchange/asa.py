@@ -6,21 +6,18 @@ cut into N chunks; ``Alltoall`` hands chunk j of every rank to rank j, which sum
 (in rank order, in float32) and ``Allgather`` returns the summed chunks to everyone. Each
 element is summed by exactly one rank, so all ranks end bit-identical.
 
-``asa16`` sends float16 (half the bytes of ``asa32``): each value is divided by N *before* it
-is converted (exact for a power of 2, and the sum of N such values cannot exceed the largest
-input, so nothing that fits float16 overflows to inf), the N chunks are summed in float32, the
-mean is rounded to float16 for the Allgather, and ``op="sum"`` multiplies by N again (exact).
+``asa16`` is ``asa32`` with ``compression="fp16"`` (either name gives the same bits): float16
+on the wire, half the bytes. Each value is divided by N *before* it is converted (exact for a
+power of 2, and the sum of N such values cannot exceed the largest input, so nothing that
+fits float16 overflows to inf), the N chunks are summed in float32 and rounded to float16
+once for the ``Allgather``, and ``op="sum"`` multiplies by N again (exact). A value meets two
+roundings to float16 (:attr:`~Asa32Exchanger.wire_roundings`), the tightest float16 bound of
+the strategies: per element, for the mean, with ``u = 2**-11``::
 
-Error bound of ``asa16`` (two roundings to float16, unit roundoff ``u = 2**-11``), per element,
-for inputs with ``|x_r| <= 65504`` (float16's largest finite value)::
+    |mean_asa16 - mean_exact| <= (2u + (N + 2) 2**-24) * mean_r |x_r| + N * 2**-24
 
-    |mean_asa16 - mean_exact| <= 2 u * mean_r |x_r| + (N + 1) * 2**-25    (u = 2**-11)
-
-i.e. relative error ``<= 2**-10 ~ 9.8e-4`` of ``mean |x_r|`` (plus ``N * 2**-24`` from the
-float32 sum: :data:`ASA16_RTOL` = 1e-3 covers both), and an absolute ``<= 2**-21`` for N <= 8
-(:data:`ASA16_ATOL`) from values in float16's subnormal range (``|x_r| / N < 2**-14``).
-For ``op="sum"`` multiply both terms by N. Inputs beyond 65504 become inf (not checked).
-float32 ``asa32`` is within ``N * 2**-24`` of ``sum |x_r|``.
+about ``9.8e-4`` of ``mean_r |x_r|``, plus ``2**-21`` absolute at N=8 from values in float16's
+subnormal range (``|x_r| / N < 2**-14``); for ``op="sum"`` multiply both terms by N.
 """
 
 from __future__ import annotations
@@ -28,19 +25,32 @@ from __future__ import annotations
 import numpy as np
 
 from theanompi.exchange._fusion import FusionBuffer
-from theanompi.exchange._kernels import NumpyKernels, kernels
 from theanompi.exchange.base import Exchanger
 
-__all__ = ["Asa32Exchanger", "Asa16Exchanger", "ASA16_RTOL", "ASA16_ATOL"]
-
-ASA16_RTOL = 1e-3  # relative to mean_r |x_r|: two float16 roundings (2**-10) + float32 sum
-ASA16_ATOL = 2.0**-21  # absolute, for the mean, N <= 8: (N + 1) * 2**-25 rounded up
+__all__ = ["Asa32Exchanger", "Asa16Exchanger"]
 
 
-class _AsaExchanger(Exchanger):
-    """Shared collectives of the two asa variants."""
+class Asa32Exchanger(Exchanger):
+    """Alltoall → float32 sum of the N chunks → Allgather, on one padded fusion buffer.
 
+    Parameters
+    ----------
+    comm, op, compression
+        See :class:`~theanompi.exchange.base.Exchanger`; N must be a power of 2.
+    """
+
+    name = "asa32"
     requires_power_of_two = True
+
+    @classmethod
+    def wire_roundings(cls, n: int) -> int:
+        """2: the conversion, and the one rounding of the float32 sum of the N chunks."""
+        return 2
+
+    def _prepare(self, arrays: list[np.ndarray]) -> None:
+        wire = self.compressor.wire_dtype
+        self._fusion = FusionBuffer([a.size for a in arrays], multiple=self.size, dtype=wire)
+        self._recv = np.empty_like(self._fusion.buffer)
 
     def alltoall(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         """``MPI.Alltoall``: chunk j of ``sendbuf`` goes to rank j; chunk i of ``recvbuf``
@@ -53,62 +63,25 @@ class _AsaExchanger(Exchanger):
 
         self.comm.Allgather(MPI.IN_PLACE, buf)
 
-
-class Asa32Exchanger(_AsaExchanger):
-    """Alltoall → float32 sum of the N chunks → Allgather, on one padded fusion buffer.
-
-    Parameters
-    ----------
-    comm, op
-        See :class:`~theanompi.exchange.base.Exchanger`; N must be a power of 2.
-    """
-
-    name = "asa32"
-
-    def _prepare(self, arrays: list[np.ndarray]) -> None:
-        self._kernels = NumpyKernels  # numpy's add.reduce is as fast as numba for float32
-        self._fusion = FusionBuffer([a.size for a in arrays], multiple=self.size)
-        self._recv = np.empty_like(self._fusion.buffer)
-
     def _exchange(self, arrays: list[np.ndarray]) -> None:
-        fb, n = self._fusion, self.size
-        fb.pack(arrays)
+        c, fb, n = self.compressor, self._fusion, self.size
+        fb.pack(arrays, c)
         self.alltoall(fb.buffer, self._recv)
-        self._kernels.sum_rows(self._recv.reshape(n, -1), 1.0, fb.chunk(self.rank, n))
+        c.sum_rows(self._recv.reshape(n, -1), fb.chunk(self.rank, n))
         self.allgather(fb.buffer)
-        # the mean's division costs nothing extra inside the copy out (same sums everywhere)
-        fb.unpack(arrays, divide_by=n if self.op == "mean" else None)
+        fb.unpack(arrays, c)  # the mean's scaling rides on the copy out (same sums everywhere)
 
 
-class Asa16Exchanger(_AsaExchanger):
-    """As :class:`Asa32Exchanger` with float16 on the wire (sum in float32).
+class Asa16Exchanger(Asa32Exchanger):
+    """:class:`Asa32Exchanger` with float16 on the wire, whatever ``compression`` says.
 
     Parameters
     ----------
     comm, op
         See :class:`~theanompi.exchange.base.Exchanger`; N must be a power of 2.
+    compression : {"none", "fp16"}
+        Either gives float16 (the name implies it).
     """
 
     name = "asa16"
-
-    def _prepare(self, arrays: list[np.ndarray]) -> None:
-        self._kernels = kernels()
-        # float16 bit patterns held as uint16 (numba has no CPU float16 type)
-        self._fusion = FusionBuffer([a.size for a in arrays], multiple=self.size, dtype=np.uint16)
-        self._recv = np.empty_like(self._fusion.buffer)
-
-    def _exchange(self, arrays: list[np.ndarray]) -> None:
-        k, fb, n = self._kernels, self._fusion, self.size
-        for i, a in enumerate(arrays):  # divide by N first: no overflow to inf
-            k.to_half(np.ascontiguousarray(a).reshape(-1), 1.0 / n, fb.view(i))
-        self.alltoall(fb.buffer, self._recv)
-        k.sum_rows_half(self._recv.reshape(n, -1), fb.chunk(self.rank, n))
-        self.allgather(fb.buffer)
-        back = float(n) if self.op == "sum" else 1.0
-        for i, a in enumerate(arrays):
-            if a.flags.c_contiguous and a.flags.writeable:
-                k.from_half(fb.view(i), back, a.reshape(-1))
-            else:
-                tmp = np.empty(a.size, np.float32)
-                k.from_half(fb.view(i), back, tmp)
-                np.copyto(a, tmp.reshape(a.shape))
+    implied_compression = "fp16"

@@ -23,9 +23,13 @@ class CopperExchanger(Exchanger):
     each phase, so the levels of the tree work on different segments at once (a pipeline)
     and the receive buffer stays small.
 
+    With ``compression="fp16"`` (Theano-MPI's ``copper16``) the tree moves float16 and each
+    level adds in float32 and rounds back to float16, so a value meets ``1 + log2 N``
+    roundings to float16 (:attr:`wire_roundings`).
+
     Parameters
     ----------
-    comm, op
+    comm, op, compression
         See :class:`~theanompi.exchange.base.Exchanger`; N must be a power of 2.
     segment : int
         Elements per pipelined segment.
@@ -34,15 +38,23 @@ class CopperExchanger(Exchanger):
     name = "copper"
     requires_power_of_two = True
 
-    def __init__(self, comm=None, op: str = "mean", segment: int = SEGMENT) -> None:
-        super().__init__(comm, op)
+    def __init__(
+        self, comm=None, op: str = "mean", compression: str = "none", segment: int = SEGMENT
+    ) -> None:
+        super().__init__(comm, op, compression)
         if segment < 1:
             raise ValueError(f"segment must be >= 1 element, got {segment!r}")
         self.segment = int(segment)
 
+    @classmethod
+    def wire_roundings(cls, n: int) -> int:
+        """``1 + log2 n``: the conversion, and one sum per level of the tree."""
+        return max(n - 1, 0).bit_length() + 1
+
     def _prepare(self, arrays: list[np.ndarray]) -> None:
-        self._fusion = FusionBuffer([a.size for a in arrays])
-        self._tmp = np.empty(min(self.segment, self._fusion.padded_count), np.float32)
+        c = self.compressor
+        self._fusion = FusionBuffer([a.size for a in arrays], dtype=c.wire_dtype)
+        self._tmp = c.empty(min(self.segment, self._fusion.padded_count))
 
     def _levels(self) -> list[int]:
         d, out = 1, []
@@ -61,7 +73,7 @@ class CopperExchanger(Exchanger):
 
     def reduce_tree(self, buf: np.ndarray) -> None:
         """Sum ``buf`` over ranks into rank 0's ``buf`` (others keep partial sums)."""
-        r, levels = self.rank, self._levels()
+        r, levels, add = self.rank, self._levels(), self.compressor.add
         for s0 in range(0, buf.size, self.segment):
             seg = buf[s0 : s0 + self.segment]
             tmp = self._tmp[: seg.size]
@@ -70,7 +82,7 @@ class CopperExchanger(Exchanger):
                     self.send(seg, r - d)
                     break
                 self.recv(tmp, r + d)  # here r % (2d) == 0, so r + d < N
-                np.add(seg, tmp, out=seg)
+                add(seg, tmp)
 
     def bcast_tree(self, buf: np.ndarray) -> None:
         """Copy rank 0's ``buf`` to every rank, down the same tree."""
@@ -84,8 +96,8 @@ class CopperExchanger(Exchanger):
                     self.recv(seg, r - d)
 
     def _exchange(self, arrays: list[np.ndarray]) -> None:
-        fb = self._fusion
-        fb.pack(arrays)
+        c, fb = self.compressor, self._fusion
+        fb.pack(arrays, c)
         self.reduce_tree(fb.buffer)
         self.bcast_tree(fb.buffer)
-        fb.unpack(arrays, divide_by=self.size if self.op == "mean" else None)
+        fb.unpack(arrays, c)

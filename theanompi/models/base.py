@@ -15,43 +15,18 @@ configure()
 
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
-from pytensor.tensor.special import log_softmax, softmax  # noqa: E402
+from pytensor.tensor.special import softmax  # noqa: E402
 
+from theanompi.metrics import symbolic_metrics  # noqa: E402
 from theanompi.models.layers import Layer  # noqa: E402
 from theanompi.models.optim import SGD, _zeros_like, step_lr  # noqa: E402
 
-__all__ = ["Model", "classification_metrics"]
+__all__ = ["Model"]
 
-_COMMON_DEFAULTS = {
-    "name": None,
-    "input_size": 28,
-    "channels": 3,
-    "n_classes": 10,
-    "batch_size": 32,
-    "n_epochs": 10,
-    "learning_rate": 0.01,
-    "lr_policy": "step",
-    "lr_step": [],
-    "lr_gamma": 0.1,
-    "momentum": 0.9,
-    "nesterov": False,
-    "weight_decay": 0.0005,
-    "arch": {},
-}
+from theanompi.config import MODEL_SCHEMA, to_plain  # noqa: E402
 
-
-def classification_metrics(
-    logits: pt.TensorVariable, y: pt.TensorVariable
-) -> tuple[pt.TensorVariable, pt.TensorVariable, pt.TensorVariable]:
-    """Mean cross-entropy, top-1 error and top-5 error of ``logits`` (b, K) for labels ``y``."""
-    rows = pt.arange(y.shape[0])
-    fx = pytensor.config.floatX
-    loss = -log_softmax(logits, axis=-1)[rows, y].mean()
-    top1 = pt.neq(pt.argmax(logits, axis=-1), y).astype(fx).mean()
-    true = logits[rows, y]
-    rank = pt.sum(pt.gt(logits, true.dimshuffle(0, "x")), axis=-1)  # classes scored higher
-    top5 = pt.ge(rank, 5).astype(fx).mean()
-    return loss.astype(fx), top1, top5
+#: every model key's default, read from the one schema (theanompi.config.ModelSection)
+_COMMON_DEFAULTS = MODEL_SCHEMA.defaults()
 
 
 # ranges of the arch keys several models share (checked once their types are right)
@@ -114,7 +89,7 @@ class Model:
 
     def __init__(self, section: Mapping[str, Any]) -> None:
         cfg = dict(_COMMON_DEFAULTS)
-        cfg.update({k: v for k, v in dict(section).items()})
+        cfg.update(to_plain(section))  # a config's frozen ModelSection, or any mapping
         self.config = cfg
         for key in ("input_size", "channels", "n_classes", "batch_size"):
             if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
@@ -227,11 +202,11 @@ class Model:
         x = pt.tensor4("x", dtype=fx, shape=(None, *self.input_shape))
         y = pt.ivector("y")
         logits = self.forward(x, train=True)
-        loss, top1, _ = classification_metrics(logits, y)
+        loss, top1, _ = symbolic_metrics(logits, y)
         grads = pytensor.grad(loss, self.params)
         state_up = self.state_updates()
         ev_logits = self.forward(x, train=False)
-        ev_loss, ev_top1, ev_top5 = classification_metrics(ev_logits, y)
+        ev_loss, ev_top1, ev_top5 = symbolic_metrics(ev_logits, y)
         return {
             "x": x,
             "y": y,

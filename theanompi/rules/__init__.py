@@ -1,20 +1,33 @@
-"""Training rules: ``run_bsp`` (synchronous, theanompi.rules.bsp) and ``run_easgd`` (elastic
-averaging, theanompi.rules.easgd); imported lazily so that one rule's imports never slow the other."""
+"""Sync rules by name: the one registry that config validation, the CLI, docs and tests read.
+
+A rule keeps the workers' replicas together (see :class:`~theanompi.rules.base.SyncRule`);
+:class:`~theanompi.trainer.Trainer` runs the loop. Adding a rule is one module here plus
+one line in ``RULES`` (docs/extending.md).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING
 
-__all__ = ["run_bsp", "run_easgd", "RULES"]
+from theanompi.errors import ConfigError
 
-#: ``weight_exchange.sync_rule`` -> (module, function)
-RULES = {"BSP": ("theanompi.rules.bsp", "run_bsp"), "EASGD": ("theanompi.rules.easgd", "run_easgd")}
+if TYPE_CHECKING:
+    from theanompi.rules.base import SyncRule
+
+__all__ = ["RULES", "rule_class"]
+
+#: ``weight_exchange.sync_rule`` -> (module, class); imported on first use
+RULES: dict[str, tuple[str, str]] = {
+    "BSP": ("theanompi.rules.bsp", "BSP"),
+    "EASGD": ("theanompi.rules.easgd", "EASGD"),
+    "GOSGD": ("theanompi.rules.gosgd", "GOSGD"),
+}
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    for module, fn in RULES.values():
-        if name == fn:
-            return getattr(importlib.import_module(module), fn)
-    raise AttributeError(name)
+def rule_class(name: str) -> type[SyncRule]:
+    """The rule class registered under ``name``; a one-line ``ConfigError`` otherwise."""
+    if name not in RULES:
+        raise ConfigError(f"unknown sync rule {name!r}; choose from {', '.join(RULES)}")
+    module, cls = RULES[name]
+    return getattr(importlib.import_module(module), cls)

@@ -1,250 +1,94 @@
-"""BSP: every rank trains on its own sub-batch, then all ranks exchange (``avg`` params or
-``cdd`` gradients) with the configured strategy and stay bit-identical.
+"""BSP: every rank trains on its own sub-batch, then all ranks exchange (``avg`` params or ``cdd``
+gradients) with the configured strategy and stay bit-identical.
 
 One step of rank r (of N):
 
-* ``avg``: ``model.train_step(x, y)`` (local SGD update), then the exchanger
-  replaces every parameter by its mean over ranks;
-* ``cdd``: ``model.compute_grads(x, y)``, the exchanger averages the gradients,
-  then ``model.apply_grads()`` (the same update on every rank).
-
-Around it: the start-up broadcast of rank 0's (or the checkpoint's) params and
-a layout check, data prefetching with the wait time measured, progress lines,
-the lr schedule, per-epoch validation summed over ranks, checkpoints every
-``snapshot_freq`` epochs and a JSON-lines record.
+* ``avg``: ``model.train_step(x, y)`` (local SGD update), then the exchanger replaces
+  every parameter by its mean over ranks;
+* ``cdd``: ``model.compute_grads(x, y)``, the exchanger averages the gradients, then
+  ``model.apply_grads()`` (the same update on every rank).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from theanompi.data import TrainLoader, ValLoader
-from theanompi.data._fault import fault_point
-from theanompi.record import RecordWriter
-from theanompi.rules._common import (
-    Progress,
-    Snapshotter,
-    StepStats,
-    StopFlag,
-    assert_identical,
-    bcast_values,
-    build_model,
-    check_same_layout,
-    get_values,
-    seed_rngs,
-    set_values,
-    validate,
-    wtime,
-)
+from theanompi.params import get_values, set_values
+from theanompi.rules.base import SyncRule
 
-__all__ = ["run_bsp"]
+__all__ = ["BSP", "SYNC_TYPES"]
+
+SYNC_TYPES = ("avg", "cdd")
 
 
-def _exchanger(cfg: Any, comm: Any, arrays: list[Any]) -> Any:
-    from theanompi.exchange import create_exchanger
-
-    ex = create_exchanger(cfg.weight_exchange.exch_strategy, comm=comm, op="mean")
-    ex.prepare(arrays)
-    return ex
-
-
-def _exchange(ex: Any, shared: list[Any]) -> None:
-    """Average the values of ``shared`` over ranks in place (no-op on one rank: ``ex`` is None)."""
-    if ex is not None:
-        arrays = get_values(shared)
-        ex.exchange(arrays)
-        set_values(shared, arrays)
-
-
-def run_bsp(
-    cfg: Any, comm: Any = None, *, resume: bool = False, model: Any = None
-) -> dict[str, Any]:
-    """Train ``cfg.model`` with BSP on the ranks of ``comm`` (default ``COMM_WORLD``).
+class BSP(SyncRule):
+    """Bulk-synchronous SGD with an exchanger from :mod:`theanompi.exchange`.
 
     Parameters
     ----------
-    cfg : theanompi.config.Config
-    comm : mpi4py communicator
-    resume : continue from the latest checkpoint in ``cfg.output.checkpoint_dir``.
-    model : an already created model (default: ``create_model(cfg.model)``); tests pass one.
-
-    Returns
-    -------
-    dict
-        ``epochs``, ``steps``, ``val_top1_err``, ``val_top5_err``, ``val_loss``,
-        ``images_per_s`` (mean over the run), ``t_compute`` / ``t_exchange`` /
-        ``t_wait`` (mean s per step), ``median_wall_s`` / ``median_compute_s`` /
-        ``median_exchange_s`` / ``median_wait_s`` (medians per step), ``seconds``, ``checkpoint`` (last written or
-        restored), ``interrupted``.
+    strategy
+        A name in ``theanompi.exchange.STRATEGIES``.
+    sync_type
+        ``avg`` (average parameters after the local step) or ``cdd`` (average gradients).
+    compression
+        A name in ``theanompi.exchange.compression.COMPRESSORS`` (what goes on the wire).
     """
-    if comm is None:
-        from theanompi.comm import world
 
-        comm = world()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    we = cfg.weight_exchange
-    cdd = we.sync_type == "cdd"
-    n_epochs = int(cfg.model.n_epochs)
-    t_start = wtime()
+    name = "BSP"
+    uses_strategy: ClassVar[bool] = True
+    identical_replicas: ClassVar[bool] = True
 
-    train = TrainLoader(cfg, rank, size)
-    val = ValLoader(cfg, rank, size)
-    model = build_model(cfg, train.input_shape, model)
-    check_same_layout(model.params, comm, "param")
-    check_same_layout(model.opt_state, comm, "optimizer state")
-    seed_rngs(model, cfg.randomness.seed, rank)
-    snap = Snapshotter(cfg, comm, model, local_opt=not cdd)
-    prog = Progress(comm, train.batch_size * size, tag="bsp")
+    def __init__(self, strategy: str = "ar", sync_type: str = "avg", compression: str = "none"):
+        if sync_type not in SYNC_TYPES:
+            raise ValueError(f"unknown sync_type {sync_type!r}; choose from {SYNC_TYPES}")
+        self.strategy, self.sync_type, self.compression = strategy, sync_type, compression
+        self.cdd = sync_type == "cdd"
+        self.exchanger: Any = None
+        self.size = 1
 
-    start_epoch, step, last_ckpt = 0, 0, None
-    if resume:
-        ck = snap.restore()
-        start_epoch, step, last_ckpt = ck.epoch, ck.step, str(ck.path)
-        prog.log(f"[bsp] resumed from {ck.path} (epoch {start_epoch}, step {step})")
-        if start_epoch >= n_epochs:
-            prog.log(
-                f"[bsp] {start_epoch} epoch(s) already done of model.n_epochs={n_epochs}; "
-                "nothing to train (raise --epochs to continue)"
-            )
-    else:
-        bcast_values(model.params, comm)
-        bcast_values(model.opt_state, comm)
+    @property
+    def local_opt_state(self) -> bool:
+        # avg: each rank's momentum follows its own gradients; cdd: one update everywhere
+        return not self.cdd
 
-    rec = RecordWriter(
-        cfg.output.record_dir, enabled=rank == 0, keep_before_epoch=start_epoch if resume else None
-    )
-    ex_vars = model.grads if cdd else model.params
-    ex = _exchanger(cfg, comm, get_values(ex_vars)) if size > 1 else None
-    prog.log(
-        f"[bsp] {size} rank(s), model {cfg.model.name}, exchange {we.exch_strategy}/{we.sync_type}, "
-        f"batch {train.batch_size}/rank ({train.batch_size * size} global), {n_epochs} epochs"
-    )
-    prog.log(f"[bsp] {train.summary}")
-    rec.write(
-        "start",
-        rule="BSP",
-        world_size=size,
-        resume=resume,
-        start_epoch=start_epoch,
-        steps_per_epoch=train.steps_per_epoch,
-        dropped_sub_batches=train.dropped,
-        batch_size=train.batch_size,
-        config=cfg.to_dict(),
-    )
+    def describe(self) -> str:
+        wire = "" if self.compression == "none" else f"+{self.compression}"
+        return f"exchange {self.strategy}{wire}/{self.sync_type}"
 
-    check_every = int(we.check_every)
-    print_freq = max(1, int(cfg.training.print_freq))
-    stop_every = min(print_freq, 10)  # steps between the ranks' Ctrl-C agreement
-    stats = StepStats()
-    summary: dict[str, Any] = {
-        "interrupted": False,
-        "val_top1_err": None,
-        "val_top5_err": None,
-        "val_loss": None,
-    }
-    interrupted = False
-    epoch = epochs_done = start_epoch
-    with StopFlag() as stop:
-        for epoch in range(start_epoch, n_epochs):
-            model.adjust_hyperparams(epoch)
-            lr = float(model.lr.get_value())
-            ep_start, ep_first = wtime(), len(stats)
-            win_start = len(stats)
-            with train.epoch(epoch) as batches:
-                for k in range(train.steps_per_epoch):
-                    t0 = wtime()
-                    x, y = next(batches)
-                    t1 = wtime()
-                    fault_point("step", rank, step)
-                    if cdd:
-                        loss, err = model.compute_grads(x, y)
-                        t2 = wtime()
-                        _exchange(ex, model.grads)
-                        t3 = wtime()
-                        model.apply_grads()
-                        t4 = wtime()
-                        compute, exch = (t2 - t1) + (t4 - t3), t3 - t2
-                    else:
-                        loss, err = model.train_step(x, y)
-                        t2 = wtime()
-                        _exchange(ex, model.params)
-                        t4 = wtime()
-                        compute, exch = t2 - t1, t4 - t2
-                    step += 1
-                    t5 = wtime()
-                    last = k + 1 == train.steps_per_epoch
-                    if (k + 1) % stop_every == 0 or last:  # one sync point less on most steps
-                        interrupted = stop.any(comm)
-                    t6 = wtime()
-                    exch += t6 - t5
-                    stats.add(loss, err, compute, exch, t1 - t0, t6 - t0)
-                    if check_every and step % check_every == 0:
-                        assert_identical(model.params, comm, step)
-                    if (k + 1) % print_freq == 0 or last:
-                        entry = prog.window(
-                            stats.since(win_start),
-                            epoch=epoch,
-                            n_epochs=n_epochs,
-                            step_in_epoch=k + 1,
-                            steps_per_epoch=train.steps_per_epoch,
-                            step=step,
-                            lr=lr,
-                        )
-                        rec.write("step", **entry)
-                        win_start = len(stats)
-                    if interrupted:
-                        break
-            if interrupted:
-                break
-            ep = stats.since(ep_first)
-            tr_loss, tr_err = prog.reduce_mean([ep.mean("loss"), ep.mean("err")])
-            v = validate(model, val, comm)
-            ep_secs = wtime() - ep_start
-            ips = train.batch_size * size * len(ep) / max(float(sum(ep.wall)), 1e-12)
-            summary.update(v)
-            saved = None
-            if snap.due(epoch + 1, n_epochs):
-                saved = last_ckpt = str(snap.save(epoch + 1, step, {"val": v}))
-            epochs_done = epoch + 1
-            rec.write(
-                "epoch",
-                epoch=epoch,
-                step=step,
-                train_loss=tr_loss,
-                train_error=tr_err,
-                lr=lr,
-                images_per_s=ips,
-                seconds=ep_secs,
-                checkpoint=saved,
-                **ep.split(),
-                **v,
-            )
-            prog.log(
-                f"[bsp] epoch {epoch + 1}/{n_epochs} done in {ep_secs:.1f} s: train loss "
-                f"{tr_loss:.4f} err {tr_err * 100:.2f}% | val loss {v['val_loss']:.4f} top-1 err "
-                f"{v['val_top1_err'] * 100:.2f}% top-5 err {v['val_top5_err'] * 100:.2f}% "
-                f"(n={v['val_n']}) | {ips:,.0f} img/s" + (f" | saved {saved}" if saved else "")
-            )
+    def settings(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "sync_type": self.sync_type,
+            "compression": self.compression,
+        }
 
-    total = wtime() - t_start
-    summary.update(
-        epochs=epochs_done,
-        steps=step,
-        world_size=size,
-        seconds=total,
-        checkpoint=last_ckpt,
-        interrupted=interrupted,
-        images_per_s=(train.batch_size * size * len(stats) / max(float(sum(stats.wall)), 1e-12))
-        if len(stats)
-        else None,
-        **stats.split(),
-        **{f"median_{k}_s": stats.median(k) for k in ("wall", "compute", "exchange", "wait")},
-    )
-    if interrupted:
-        prog.log(
-            f"[bsp] interrupted at epoch {epoch + 1} step {step}; last checkpoint: "
-            f"{last_ckpt or 'none'} (continue with --resume)"
+    def _shared(self, model: Any) -> list[Any]:
+        return model.grads if self.cdd else model.params
+
+    def setup(self, model: Any, comm: Any) -> None:
+        self.size = comm.Get_size()
+        if self.size == 1:
+            return
+        from theanompi.exchange import create_exchanger
+
+        self.exchanger = create_exchanger(
+            self.strategy, comm=comm, op="mean", compression=self.compression
         )
-    rec.write("end", **{k: v for k, v in summary.items() if k != "config"})
-    rec.close()
-    return summary
+        self.exchanger.prepare(get_values(self._shared(model)))
+
+    def train_step(self, model: Any, x: Any, y: Any) -> tuple[float, float]:
+        return model.compute_grads(x, y) if self.cdd else model.train_step(x, y)
+
+    def after_step(self, model: Any, step: int) -> float:
+        from mpi4py import MPI
+
+        t0 = MPI.Wtime()
+        if self.exchanger is not None:
+            shared = self._shared(model)
+            arrays = get_values(shared)
+            self.exchanger.exchange(arrays)
+            set_values(shared, arrays)
+        t1 = MPI.Wtime()
+        if self.cdd:
+            model.apply_grads()  # compute: the trainer counts it as such
+        return t1 - t0

@@ -1,4 +1,4 @@
-"""Helpers shared by the rules: metrics over padded batches, RNG discovery, Ctrl-C flag, stats."""
+"""Parts of the training loop: RNG discovery, the Ctrl-C flag, step stats and value digests."""
 
 from __future__ import annotations
 
@@ -8,30 +8,10 @@ import signal
 import numpy as np
 import pytest
 
-from theanompi.rules._common import (
-    StepStats,
-    StopFlag,
-    evaluate_probs,
-    get_rng_states,
-    rng_vars,
-    seed_rngs,
-    set_rng_states,
-    value_digests,
-)
-
-
-def test_evaluate_probs_ignores_padding_and_counts_top_k() -> None:
-    probs = np.array(
-        [[0.7, 0.1, 0.1, 0.05, 0.03, 0.02],  # y=0: top-1 hit
-         [0.7, 0.1, 0.1, 0.05, 0.03, 0.02],  # y=1: top-1 miss, top-5 hit
-         [0.3, 0.25, 0.2, 0.1, 0.1, 0.05],   # y=5: five classes score higher -> top-5 miss
-         [0.9, 0.02, 0.02, 0.02, 0.02, 0.02]],  # padding
-        dtype=np.float32,
-    )  # fmt: skip
-    nll, top1, top5, n = evaluate_probs(probs, np.array([0, 1, 5, -1]))
-    assert (top1, top5, n) == (2, 1, 3)
-    assert nll == pytest.approx(-np.log([0.7, 0.1, 0.05]).sum(), rel=1e-5)
-    assert evaluate_probs(probs, np.full(4, -1)) == (0.0, 0, 0, 0)
+from theanompi.params import value_digests
+from theanompi.progress import StepStats
+from theanompi.rng import get_rng_states, rng_vars, seed_rngs, set_rng_states
+from theanompi.signals import StopFlag
 
 
 def test_rng_vars_finds_the_small_cnn_dropout_and_round_trips_state() -> None:

@@ -1,0 +1,157 @@
+"""Parameter values across ranks: read/write shared variables, broadcast, layout and identity checks,
+and one fused float32 buffer over a parameter list (for the point-to-point rules)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from theanompi.checkpoint import array_names
+from theanompi.errors import ConfigError
+
+__all__ = [
+    "get_values",
+    "set_values",
+    "bcast_values",
+    "check_same_layout",
+    "value_digests",
+    "assert_identical",
+    "ParamBuffer",
+]
+
+
+def get_values(vars_: Sequence[Any]) -> list[np.ndarray]:
+    """Current values of shared variables (``borrow=True``: no copy, do not keep them)."""
+    return [v.get_value(borrow=True) for v in vars_]
+
+
+def set_values(vars_: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
+    """``v.set_value(a, borrow=True)`` for each pair."""
+    for v, a in zip(vars_, arrays, strict=True):
+        v.set_value(a, borrow=True)
+
+
+def bcast_values(vars_: Sequence[Any], comm: Any, root: int = 0) -> None:
+    """Overwrite every rank's shared variables with ``root``'s values (``comm.Bcast``)."""
+    if comm.Get_size() == 1:
+        return
+    for v in vars_:
+        a = np.array(v.get_value(borrow=True), copy=True, order="C")
+        comm.Bcast(a, root=root)
+        v.set_value(a, borrow=True)
+
+
+def _layout(vars_: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
+    vals = [v.get_value(borrow=True) for v in vars_]
+    return [
+        (n, tuple(a.shape), str(a.dtype))
+        for n, a in zip(array_names(list(vars_), "param"), vals, strict=True)
+    ]
+
+
+def check_same_layout(vars_: Sequence[Any], comm: Any, what: str = "param") -> None:
+    """Every rank must hold the same names, shapes and dtypes in the same order.
+
+    Compares a digest over ``comm`` (one ``allgather``); on a mismatch every rank
+    raises the same one-line ``ConfigError`` naming the rank and the parameter.
+    """
+    mine = _layout(vars_)
+    digest = hashlib.sha1(repr(mine).encode()).hexdigest()
+    digests = comm.allgather(digest)
+    if len(set(digests)) == 1:
+        return
+    bad = next(r for r, d in enumerate(digests) if d != digests[0])
+    layouts = comm.allgather(mine if comm.Get_rank() in (0, bad) else None)
+    ref, other = layouts[0], layouts[bad]
+    for i in range(max(len(ref), len(other))):
+        a = ref[i] if i < len(ref) else None
+        b = other[i] if i < len(other) else None
+        if a != b:
+            raise ConfigError(
+                f"rank {bad} holds {what} #{i} {_fmt_layout(b)} but rank 0 holds {_fmt_layout(a)}; "
+                "every rank must build the same model config"
+            )
+    raise ConfigError(f"rank {bad} holds a different {what} list than rank 0")  # pragma: no cover
+
+
+def _fmt_layout(entry: tuple[str, tuple[int, ...], str] | None) -> str:
+    if entry is None:
+        return "nothing"
+    return f"{entry[0]!r} {entry[1]} {entry[2]}"
+
+
+def value_digests(arrays: Sequence[np.ndarray]) -> list[str]:
+    """A short BLAKE2 digest of each array's bytes."""
+    return [
+        hashlib.blake2b(memoryview(np.ascontiguousarray(a)).cast("B"), digest_size=8).hexdigest()
+        for a in arrays
+    ]
+
+
+def assert_identical(vars_: Sequence[Any], comm: Any, step: int) -> None:
+    """Debug check (``check_every``): raise ``RuntimeError`` on every rank if any rank's values
+    differ from rank 0's, naming the first differing parameter."""
+    if comm.Get_size() == 1:
+        return
+    mine = value_digests(get_values(vars_))
+    everyone = comm.allgather(mine)
+    names = array_names(list(vars_), "param")
+    for r, theirs in enumerate(everyone[1:], 1):
+        for i, (d0, d) in enumerate(zip(everyone[0], theirs, strict=True)):
+            if d0 != d:
+                raise RuntimeError(
+                    f"ranks diverged after step {step}: rank {r} differs from rank 0 in {names[i]!r}"
+                )
+
+
+class ParamBuffer:
+    """One fused float32 buffer over a list of PyTensor shared variables.
+
+    Parameters
+    ----------
+    params
+        Shared variables (float32); their order and shapes fix the buffer layout.
+
+    >>> import numpy as np, pytensor
+    >>> p = [pytensor.shared(np.ones((2, 2), np.float32)), pytensor.shared(np.zeros(3, np.float32))]
+    >>> buf = ParamBuffer(p)
+    >>> buf.gather().shape
+    (7,)
+    """
+
+    def __init__(self, params: Sequence[Any]) -> None:
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("ParamBuffer needs at least one shared variable")
+        self.shapes = [tuple(p.get_value(borrow=True).shape) for p in self.params]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int)
+        self.data = np.empty(int(self.offsets[-1]), dtype=np.float32)
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    def gather(self) -> np.ndarray:
+        """Copy the shared variables' values into :attr:`data` and return it."""
+        for p, a, b in zip(self.params, self.offsets[:-1], self.offsets[1:], strict=True):
+            self.data[a:b] = p.get_value(borrow=True).ravel()
+        return self.data
+
+    def split(self, data: np.ndarray) -> list[np.ndarray]:
+        """``data`` cut into arrays shaped like the parameters (views)."""
+        return [
+            data[a:b].reshape(shape)
+            for shape, a, b in zip(self.shapes, self.offsets[:-1], self.offsets[1:], strict=True)
+        ]
+
+    def scatter(self, data: np.ndarray | None = None) -> None:
+        """Set the shared variables from ``data`` (default :attr:`data`); copies."""
+        src = self.data if data is None else data
+        for p, shape, a, b in zip(
+            self.params, self.shapes, self.offsets[:-1], self.offsets[1:], strict=True
+        ):
+            p.set_value(np.array(src[a:b], dtype=np.float32).reshape(shape), borrow=True)

@@ -1,0 +1,122 @@
+"""The sync-rule protocol: what :class:`~theanompi.trainer.Trainer` asks of BSP, EASGD and GOSGD."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from theanompi.errors import ConfigError
+
+__all__ = ["SyncRule", "Server"]
+
+
+class Server:
+    """A rank that serves the workers instead of training (EASGD's centre variable).
+
+    ``serve()`` runs until every worker is done and returns a summary dict that the
+    workers' summary is merged with (e.g. ``{"serve_s": ...}``).
+    """
+
+    def serve(self) -> dict[str, Any]:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+class SyncRule:
+    """How the workers' replicas are kept together; the Trainer owns everything else.
+
+    The Trainer calls, on every worker (the ranks of :meth:`worker_comm`):
+
+    1. ``setup(model, comm)`` once, after the model is built and every worker holds the
+       same start values (rank 0's, or the checkpoint's);
+    2. per step ``train_step(model, x, y) -> (loss, err)`` (compute), then
+       ``after_step(model, step) -> seconds spent exchanging``: the rest of
+       ``after_step``'s wall time counts as compute;
+    3. at each epoch end ``epoch_end(model)`` (a collective: drain messages in flight),
+       then ``eval_values(model)``: the values to validate and checkpoint, ``None`` for
+       the model's own (for BSP every replica is the same; for EASGD the centre; for
+       GOSGD the gossip-weighted mean of the workers);
+    4. ``finish(model) -> dict`` once, with extra summary fields (exchanges per rank ...).
+
+    Class attributes describe the rule to config validation, the CLI and the loop:
+    ``min_ranks``, ``uses_strategy`` (``exch_strategy`` applies), ``synchronous``,
+    ``identical_replicas`` and ``bit_exact_resume``; the ``local_opt_state`` property says
+    whether ranks keep different optimiser state (checkpoints then carry per-rank side files).
+    """
+
+    name: ClassVar[str] = "rule"
+    min_ranks: ClassVar[int] = 1
+    uses_strategy: ClassVar[bool] = False
+    #: every worker steps in lockstep on one global batch (the step count is the global one)
+    synchronous: ClassVar[bool] = True
+    #: replicas stay bit-identical (``check_every`` can assert it)
+    identical_replicas: ClassVar[bool] = False
+    bit_exact_resume: ClassVar[bool] = True
+    #: the whole job's communicator, set by :meth:`worker_comm`
+    world: Any = None
+
+    # -- description -------------------------------------------------------------------
+    @classmethod
+    def n_workers(cls, size: int) -> int:
+        """Training ranks among ``size`` ranks (all of them, unless a rank serves)."""
+        return size
+
+    @classmethod
+    def check_world(cls, size: int) -> None:
+        """One-line ``ConfigError`` when the rule cannot run on ``size`` ranks."""
+        if size < cls.min_ranks:
+            raise ConfigError(
+                f"{cls.name} needs at least {cls.min_ranks} ranks, got {size}; "
+                f"run with -n {cls.min_ranks} or more"
+            )
+
+    @property
+    def local_opt_state(self) -> bool:
+        """Ranks hold different optimiser state (checkpoints write per-rank side files)."""
+        return False
+
+    def describe(self) -> str:
+        """The start-up line's exchange part, e.g. ``exchange ar/avg``."""
+        return self.name
+
+    def settings(self) -> dict[str, Any]:
+        """Fields of the record's ``start`` entry."""
+        return {}
+
+    # -- roles -------------------------------------------------------------------------
+    def server(self, comm: Any) -> Server | None:
+        """The serving role of this rank, or ``None`` on a worker."""
+        return None
+
+    def worker_comm(self, comm: Any) -> Any:
+        """The communicator of the training ranks (collective over ``comm``, the job's)."""
+        self.world = comm
+        return comm
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job, servers included."""
+        return self.world.Get_size()
+
+    # -- the loop's hooks ----------------------------------------------------------------
+    def setup(self, model: Any, comm: Any) -> None:
+        """Allocate buffers; ``comm`` is :meth:`worker_comm`."""
+
+    def train_step(self, model: Any, x: Any, y: Any) -> tuple[float, float]:
+        """Local compute of one step; returns (loss, top-1 error) of the batch."""
+        return model.train_step(x, y)
+
+    def after_step(self, model: Any, step: int) -> float:
+        """Exchange after step ``step`` (1-based); returns the seconds spent exchanging."""
+        return 0.0
+
+    def epoch_end(self, model: Any) -> None:
+        """Collective over the workers at each epoch end, before validation."""
+
+    def eval_values(self, model: Any) -> list[np.ndarray] | None:
+        """Values to validate and checkpoint (collective); ``None``: the model's params."""
+        return None
+
+    def finish(self, model: Any) -> dict[str, Any]:
+        """Last call on a worker (collective); returns extra summary fields."""
+        return {}
