@@ -97,11 +97,10 @@ def run(cfg: Any, *, resume: bool = False, comm: Any = None, model: Any = None) 
         mine = _fit(cfg, rule, wcomm, train, val, model, timeline, resume)
     timeline.close()
     # every rank returns the first worker's summary, with what the servers add (serve_s)
-    everyone = comm.allgather(mine)
-    first = comm.allreduce(comm.Get_rank() if server is None else comm.Get_size(), op=MPI.MIN)
-    summary = dict(everyone[first])
-    for r, part in enumerate(everyone):
-        if r != first and "serve_s" in part:
+    everyone = comm.allgather((server is not None, mine))
+    summary = dict(next(part for serving, part in everyone if not serving))
+    for serving, part in everyone:
+        if serving:
             summary.update(part)
     return summary
 

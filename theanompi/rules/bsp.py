@@ -44,7 +44,6 @@ class BSP(SyncRule):
         self.strategy, self.sync_type, self.compression = strategy, sync_type, compression
         self.cdd = sync_type == "cdd"
         self.exchanger: Any = None
-        self.size = 1
 
     @property
     def local_opt_state(self) -> bool:
@@ -66,8 +65,7 @@ class BSP(SyncRule):
         return model.grads if self.cdd else model.params
 
     def setup(self, model: Any, comm: Any) -> None:
-        self.size = comm.Get_size()
-        if self.size == 1:
+        if comm.Get_size() == 1:
             return
         from theanompi.exchange import create_exchanger
 
