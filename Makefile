@@ -14,15 +14,21 @@ DATA     ?= data/digits
 IMAGENET ?=
 RUN      ?= runs/$(MODEL)
 
-.PHONY: venv data train eval demo test test-serial test-mpi bench bench-prep bench-exchange bench-model bench-train lint clean
+.PHONY: venv constraints data train eval demo test test-serial test-mpi bench bench-prep bench-exchange bench-model bench-train lint clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Versions pinned by constraints.txt (the tested set; `make constraints` refreshes it).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+constraints: venv
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
+	  | grep -v '^theanompi' | sed 's/+[a-z0-9.]*$$//'; } > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
 
 data: venv
 ifeq ($(IMAGENET),)

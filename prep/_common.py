@@ -1,17 +1,21 @@
-"""Private helpers shared by the prep stages: MPI plumbing, collective errors, progress, hashing."""
+"""Private helpers shared by the prep stages: MPI plumbing, collective errors, progress, hashing, writes."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
+from theanompi import io as _io
 from theanompi.errors import DataError, UserError
 
 __all__ = [
@@ -26,6 +30,10 @@ __all__ = [
     "read_json",
     "misc_dir",
     "require",
+    "write_problem",
+    "atomic_write",
+    "write_json",
+    "write_npy",
 ]
 
 T = TypeVar("T")
@@ -189,3 +197,51 @@ def require(path: Path, stage: str) -> Path:
     if not Path(path).exists():
         raise DataError(f"{path} not found; run `tmpi prep {stage}` first")
     return Path(path)
+
+
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "no space left on the device; free space there or choose another --out",
+    errno.EDQUOT: "disk quota exceeded; free space there or choose another --out",
+    errno.EFBIG: "file too large for that file system; choose another --out",
+    errno.EROFS: "read-only file system; choose another --out",
+    errno.EACCES: "permission denied; choose a writable --out",
+    errno.EPERM: "permission denied; choose a writable --out",
+}
+
+
+def write_problem(err: BaseException, path: str | os.PathLike[str]) -> DataError | None:
+    """A one-line ``DataError`` naming ``path`` for a full disk, a quota, a read-only or
+    unwritable folder (``err`` is an ``OSError`` from Python, numpy or h5py); else None.
+    """
+    if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
+        return DataError(f"cannot write {path}: {_WRITE_ERRNOS[err.errno]}")
+    return None
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """``theanompi.io.atomic_write``, a full disk (etc.) raised as one ``DataError`` line.
+
+    Nothing is left under ``path`` (the temp file is removed) and an older ``path`` stays.
+    """
+    try:
+        with _io.atomic_write(path) as tmp:
+            yield tmp
+    except OSError as err:
+        problem = write_problem(err, path)
+        if problem is None:
+            raise
+        raise problem from None
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically (see :func:`atomic_write`)."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_npy(path: str | os.PathLike[str], array: Any) -> None:
+    """``np.save`` atomically (see :func:`atomic_write`)."""
+    with atomic_write(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, array)

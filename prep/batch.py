@@ -1,13 +1,16 @@
 """Stage ``batch``: decode, resize and write the shuffled images as uint8 hickle batches, MPI-parallel.
 
-Each image is decoded with Pillow (:mod:`prep.decode`), using JPEG DCT scaling
-(``Image.draft``) to the smallest scale that still leaves both sides >= S, turned upright by
-its EXIF orientation, converted to RGB (grayscale, CMYK, palette and PNG-in-a-.JPEG files
-alike), and its centred square is resampled to S x S with Pillow's antialiased bilinear
-filter (:mod:`prep.resize`, numba) — shorter side to S, then centre crop. The train batches
-and then the val batches are dealt round-robin over the ranks as one sequence (rank r of N
-writes batches r, r+N, ... of it). Files are written atomically; a batch file that is
-already there, readable and of the right shape is kept (resume). Because ``scan`` removed
+Each image is decoded by :mod:`prep.decode` (simplejpeg/libjpeg-turbo for plain JPEGs, at
+Pillow's ``draft`` DCT scale, i.e. 1/2..1/8 only where both sides stay >= S; Pillow for CMYK,
+PNG and whatever simplejpeg rejects), turned upright by its EXIF orientation, converted to RGB,
+and its centred square is resampled to S x S with Pillow's antialiased bilinear filter
+(:mod:`prep.resize`, numba) — shorter side to S, then centre crop. The train batches and then
+the val batches are dealt round-robin over the ranks as one sequence (rank r of N writes
+batches r, r+N, ... of it). Files are written atomically, and each rank appends ``k sha256``
+to its ``digests-r<rank>.txt`` journal once batch k is on disk. On resume a batch file is kept
+only when its digest equals the recorded one; a corrupt, unreadable, missing or unrecorded
+batch is rewritten. Where a rank has a spare core, it decodes on its own thread while a
+second one resizes, writes and hashes (:class:`_Pipeline`). Because ``scan`` removed
 undecodable files, batch k holds the same images for any N, and the files are byte-identical.
 """
 
@@ -24,20 +27,23 @@ import numpy as np
 from prep._common import (
     Comm,
     Progress,
+    atomic_write,
     batch_digest,
     collective,
     combined_checksum,
     get_comm,
     misc_dir,
+    raise_collective,
     read_json,
+    write_json,
+    write_problem,
     wtime,
 )
 from prep.decode import Scratch, decode
 from prep.io import LAYOUTS, MANIFEST, batch_dir, batch_name, batch_shape
 from prep.scan import read_scan
 from prep.shuffle import read_order
-from theanompi.errors import ConfigError, DataError
-from theanompi.io import atomic_write, write_json
+from theanompi.errors import ConfigError, DataError, UserError
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -60,6 +66,7 @@ LAST_POLICIES = ("drop", "pad")
 # Pillow's BILINEAR-with-box filter, evaluated in float64 by prep.resize (was "bilinear":
 # Pillow itself, with reducing_gap=2.0); part of the plan fingerprint, so older batches are redone
 RESAMPLE = "bilinear-aa"
+JOURNAL_PREFIX = "digests-r"  # <batch dir>/digests-r<rank>.txt: "k sha256" per batch written
 
 
 def load_image(path: str | os.PathLike[str], size: int) -> np.ndarray:
@@ -211,10 +218,50 @@ def _prepare_dir(folder: Path, fp: dict[str, Any]) -> None:
     for p in folder.iterdir():
         if p.name.startswith(".") and ".tmp" in p.name:
             p.unlink(missing_ok=True)
-        elif p.suffix == ".hkl" and old != fp:
+        elif (p.suffix == ".hkl" or p.name.startswith(JOURNAL_PREFIX)) and old != fp:
             p.unlink(missing_ok=True)
     if old != fp:
         write_json(plan_file, fp)
+
+
+def _recorded(folder: Path) -> dict[int, str]:
+    """Batch index -> digest, from every rank's journal in ``folder`` (any earlier N).
+
+    Batch k's content is a function of the plan alone, so journals of runs with other rank
+    counts agree; a torn last line (a crash mid-append) is ignored.
+    """
+    found: dict[int, str] = {}
+    for journal in sorted(folder.glob(JOURNAL_PREFIX + "*.txt")):
+        for line in journal.read_text(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit() and len(parts[1]) == 64:
+                found[int(parts[0])] = parts[1]
+    return found
+
+
+class _Journal:
+    """This rank's append-only ``digests-r<rank>.txt``: ``k digest`` once batch k is on disk."""
+
+    def __init__(self, folder: Path, rank: int) -> None:
+        self.path = folder / f"{JOURNAL_PREFIX}{rank}.txt"
+        self._fh: Any = None
+
+    def add(self, k: int, digest: str) -> None:
+        try:
+            if self._fh is None:
+                self._fh = open(self.path, "a+b")  # noqa: SIM115 - kept open until close()
+                if self._fh.tell() > 0:  # end a torn last line (a crash mid-append) first
+                    self._fh.seek(-1, os.SEEK_END)
+                    if self._fh.read(1) != b"\n":
+                        self._fh.write(b"\n")
+            self._fh.write(f"{k} {digest}\n".encode())
+            self._fh.flush()
+        except OSError as err:
+            raise (write_problem(err, self.path) or err) from None
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
 
 
 def _existing(path: Path, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -232,48 +279,196 @@ def _existing(path: Path, shape: tuple[int, ...]) -> np.ndarray | None:
     return None
 
 
-def _write_batch(path: Path, arr: np.ndarray) -> None:
+def _hickle_bytes(arr: np.ndarray) -> bytes:
+    """The bytes ``hickle.dump(arr, path)`` would write, built in memory (HDF5 core driver).
+
+    HDF5 writing to a full disk raises from its cache flush, again from destructors, and may
+    crash the process; building the file in memory and writing its bytes with plain file I/O
+    turns a full disk into one ``OSError`` (ENOSPC) with nothing left behind.
+    """
+    import h5py
     import hickle
 
-    with atomic_write(path) as tmp:
-        hickle.dump(arr, str(tmp), mode="w")
+    with h5py.File(f"batch-{id(arr)}.mem", "w", driver="core", backing_store=False) as f:
+        hickle.dump(arr, f)
+        f.flush()
+        return f.id.get_file_image()
 
 
-class _Filler:
-    """Decodes batches into arrays reused from batch to batch (no fresh 12 MB per batch).
+class _Writer:
+    """Writes uint8 batches of one shape as hickle files, atomically, without HDF5 at write time.
 
-    c01b puts the image index innermost, so one image written alone would touch every cache
-    line of the batch: images are resized into a (B, 3, S, S) stage, one contiguous
-    (3, S, S) each, and the stage is transposed into the batch at the end, in 8x8-byte blocks
-    (``prep.resize.transpose_into``). bc01 slots are contiguous: no stage.
+    For a fixed shape the file is the same bytes around the pixels (contiguous storage, no
+    timestamps), so those are built once (:func:`_hickle_bytes` of zeros) and each batch is
+    ``head + pixels + tail`` in plain file I/O: no 12 MB copies through HDF5's core driver.
+    Checked once against :func:`_hickle_bytes` of a patterned array; should this hickle/h5py
+    lay the file out otherwise, every batch goes through :func:`_hickle_bytes` instead.
     """
 
-    def __init__(self, batch_size: int, size: int, layout: str) -> None:
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        import io
+
+        import h5py
+
+        self.head = self.tail = b""
+        self.direct = False
+        template = _hickle_bytes(np.zeros(shape, dtype=np.uint8))
+        with h5py.File(io.BytesIO(template), "r") as f:
+            found: list[Any] = []
+            f.visititems(lambda _, o: found.append(o) if isinstance(o, h5py.Dataset) else None)
+            big = [d for d in found if d.shape == shape and d.dtype == np.uint8]
+            offset = big[0].id.get_offset() if len(big) == 1 else None
+        nbytes = int(np.prod(shape))
+        if offset is None or offset + nbytes > len(template):
+            return
+        head, tail = template[:offset], template[offset + nbytes :]
+        probe = (np.arange(nbytes, dtype=np.uint32) % 251).astype(np.uint8)
+        probe = probe.reshape(shape)
+        if _hickle_bytes(probe) == head + probe.tobytes() + tail:
+            self.head, self.tail, self.direct = head, tail, True
+
+    def write(self, path: Path, arr: np.ndarray) -> None:
+        """Write ``arr`` (C-contiguous, the writer's shape) to ``path`` atomically."""
+        with atomic_write(path) as tmp:
+            with open(tmp, "wb") as fh:
+                if self.direct and arr.flags.c_contiguous:
+                    fh.write(self.head)
+                    fh.write(memoryview(arr).cast("B"))
+                    fh.write(self.tail)
+                else:
+                    fh.write(_hickle_bytes(arr))
+
+
+class _Pipeline:
+    """Decodes on the calling thread; resizes, transposes, writes and hashes on one worker thread.
+
+    The worker runs its tasks in order (FIFO). Per image, the caller decodes into one of
+    ``DEPTH`` reused buffers (waiting only for the resize that last read that buffer) and
+    queues its resize into a (B, 3, S, S) stage, one contiguous (3, S, S) slot each; per
+    batch it queues the finish: the stage is transposed into the c01b batch in 8x8-byte
+    blocks (``prep.resize.transpose_into``; bc01 slots are contiguous: no stage), written,
+    hashed and journalled. The worker's kernels (numba, hashlib, file writes) release the
+    GIL, so a rank decodes image j + 1 while image j is resized and batch k - 1 is written:
+    the same pixels and bytes as one thread, in order. A failed task makes every later
+    finish fail, so a batch with a missing image is never written or journalled. Without a
+    spare core (``threaded=False``: as many ranks on the machine as cores) each task runs at
+    once on the calling thread instead: a second thread would only compete for the cores.
+    """
+
+    DEPTH = 16  # decodes the caller may run ahead: about one batch's finish (B=64: ~20 ms)
+
+    def __init__(
+        self, batch_size: int, size: int, layout: str, writer: _Writer, threaded: bool = True
+    ) -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         from prep import resize  # numba: imported when needed (0.3 s)
 
         self.resize = resize
-        self.scratch = Scratch()
+        self.writer = writer
         self.layout = layout
         self.buf = new_batch(layout, batch_size, size)
         self.stage = self.buf if layout == "bc01" else new_batch("bc01", batch_size, size)
+        self.scratch = [Scratch() for _ in range(self.DEPTH)]
+        self.reads: list[Future[None] | None] = [None] * self.DEPTH
+        self.n = 0  # images decoded so far: image n uses scratch[n % DEPTH]
+        self.error: BaseException | None = None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="prep-batch") if threaded else None
 
-    def fill(self, items: list[tuple[str, int] | None], root: Path) -> np.ndarray:
-        """Batch ``items`` in the file layout; padded slots zero. Valid until the next call."""
+    def _submit(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` queued on the worker, or run now; a future of its result."""
+        if self.pool is not None:
+            return self.pool.submit(fn, *args)
+        from concurrent.futures import Future
+
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - delivered by result(), as the pool does
+            done.set_exception(err)
+        return done
+
+    def _resize(self, image: np.ndarray | None, j: int) -> None:
+        try:
+            if image is None:
+                self.stage[j] = 0
+            else:
+                self.resize.resize_into(image, self.stage[j])
+        except BaseException as err:
+            self.error = self.error or err
+            raise
+
+    def _finish(self, path: Path, labels: np.ndarray, journal: _Journal, k: int) -> str:
+        if self.error is not None:
+            raise RuntimeError(f"not writing {path}: an earlier task failed") from self.error
+        if self.layout == "c01b":
+            self.resize.transpose_into(self.stage, self.buf)
+        self.writer.write(path, self.buf)
+        digest = batch_digest(self.buf, labels)
+        journal.add(k, digest)
+        return digest
+
+    def submit(
+        self,
+        items: list[tuple[str, int] | None],
+        root: Path,
+        path: Path,
+        labels: np.ndarray,
+        journal: _Journal,
+        k: int,
+    ) -> Any:
+        """Decode ``items`` here, queue the rest; a future of the batch's digest (once on disk)."""
         size = self.stage.shape[-1]
         for j, it in enumerate(items):
             if it is None:
-                self.stage[j] = 0
+                self._submit(self._resize, None, j)
                 continue
+            slot = self.n % self.DEPTH
+            pending = self.reads[slot]
+            if pending is not None:
+                pending.result()  # that buffer is free again (and a resize error surfaces)
+            src = str(root / it[0])
             try:
-                self.resize.resize_into(decode(root / it[0], size, self.scratch), self.stage[j])
+                image = decode(src, size, self.scratch[slot])
             except Exception as err:  # noqa: BLE001 - scan passed it, so this is unexpected
                 raise DataError(
-                    f"cannot decode {root / it[0]} ({type(err).__name__}: {err}) although scan "
+                    f"cannot decode {src} ({type(err).__name__}: {err}) although scan "
                     "passed it; rerun `tmpi prep scan`"
                 ) from None
-        if self.layout == "c01b":
-            self.resize.transpose_into(self.stage, self.buf)
-        return self.buf
+            self.reads[slot] = self._submit(self._resize, image, j)
+            self.n += 1
+        return self._submit(self._finish, path, labels, journal, k)
+
+    def close(self) -> None:
+        """Let the task running finish, drop the queued ones (not written, not journalled)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+THREADS_ENV = "THEANOMPI_PREP_THREADS"  # 1 or 2 threads per rank; unset: 2 with a spare core
+
+
+def _spare_core(comm: Comm) -> bool:
+    """Whether this rank may use a second thread: twice as many usable cores as ranks here,
+    unless ``THEANOMPI_PREP_THREADS`` (1 or 2) says otherwise (the bench pins it)."""
+    forced = os.environ.get(THREADS_ENV, "").strip()
+    if forced in ("1", "2"):
+        return forced == "2"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    local = 1
+    if comm.Get_size() > 1:
+        try:
+            from mpi4py import MPI
+
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            local = node.Get_size()
+            node.Free()
+        except Exception:  # noqa: BLE001 - no shared-memory split: count every rank as local
+            local = comm.Get_size()
+    return cores >= 2 * local
 
 
 def _deal(plans: dict[str, SplitPlan], rank: int, nranks: int) -> list[tuple[str, int]]:
@@ -313,36 +508,52 @@ def run(
     root = Path(scan["src"])
     shape = batch_shape(layout, batch_size, size)
 
-    def prepare() -> None:
+    def prepare() -> dict[str, dict[int, str]]:
         for split, plan in plans.items():
             _prepare_dir(batch_dir(out, split, batch_size), _fingerprint(plan, size, layout))
+        return {split: _recorded(batch_dir(out, split, batch_size)) for split in plans}
 
-    collective(comm, prepare)
-    filler = _Filler(batch_size, size, layout)
-    filler.resize.warm_up()  # load the compiled kernels (first run: compile) before the clock
+    recorded = collective(comm, prepare)
+    journals = {split: _Journal(batch_dir(out, split, batch_size), rank) for split in plans}
+    pipeline = _Pipeline(batch_size, size, layout, _Writer(shape), _spare_core(comm))
+    pipeline.resize.warm_up()  # load the compiled kernels (first run: compile) before the clock
     comm.Barrier()
     t0, c0 = wtime(), time.process_time()
     total = sum(p.n_batches * batch_size for p in plans.values())
     bar = Progress("prep batch", total, comm) if progress else None
     digests: dict[str, dict[int, str]] = {split: {} for split in plans}
+    queued: list[tuple[str, int, Any]] = []
     written = reused = images = 0
-    for split, k in _deal(plans, rank, nranks):
-        plan = plans[split]
-        path = batch_dir(out, split, batch_size) / batch_name(k, plan.n_batches)
-        labels = plan.batch_labels(k)
-        arr = _existing(path, shape)
-        if arr is None:
-            arr = filler.fill(plan.items[k], root)
-            _write_batch(path, arr)
-            written += 1
-            images += int((labels >= 0).sum())
-        else:
-            reused += 1
-        digests[split][k] = batch_digest(arr, labels)
+    failure: str | None = None
+    try:
+        for split, k in _deal(plans, rank, nranks):
+            plan = plans[split]
+            path = batch_dir(out, split, batch_size) / batch_name(k, plan.n_batches)
+            labels = plan.batch_labels(k)
+            arr = _existing(path, shape)
+            digest = None if arr is None else batch_digest(arr, labels)
+            if digest is not None and digest == recorded[split].get(k):
+                reused += 1  # kept: the very bytes recorded when it was written
+                digests[split][k] = digest
+            else:  # missing, unreadable, or not what was recorded (corrupt, or never recorded)
+                job = pipeline.submit(plan.items[k], root, path, labels, journals[split], k)
+                queued.append((split, k, job))
+                written += 1
+                images += int((labels >= 0).sum())
+            if bar:
+                bar.update(batch_size)
+        for split, k, job in queued:
+            digests[split][k] = job.result()
+    except UserError as err:  # reported by every rank together below: one line, no abort
+        failure = str(err)
+    finally:
+        pipeline.close()
+        for journal in journals.values():
+            journal.close()
         if bar:
-            bar.update(batch_size)
-    if bar:
-        bar.close()
+            bar.close()
+    failures = comm.allgather(failure) if nranks > 1 else [failure]
+    raise_collective(comm, next((f for f in failures if f), None) if rank == 0 else None)
     cpu = time.process_time() - c0
     comm.Barrier()
     seconds = wtime() - t0
@@ -363,7 +574,11 @@ def run(
             "cpu_seconds": sum(p[4] for p in parts),
         }
         stats["images_per_s"] = stats["images"] / seconds if seconds > 0 else 0.0
-        _write_manifest(out, plans, scan, seed, size, layout, ordered)
+        try:
+            _write_manifest(out, plans, scan, seed, size, layout, ordered)
+        except UserError as err:  # e.g. a full disk: every rank raises it (one line)
+            failure = str(err)
+    raise_collective(comm, failure if rank == 0 else None)
     return comm.bcast(stats, root=0) if nranks > 1 else stats  # type: ignore[return-value]
 
 

@@ -1,13 +1,18 @@
-"""``tmpi bench prep``: images/s of a naive PIL baseline vs our ``batch`` stage at 1 and 2 ranks.
+"""``tmpi bench prep``: images/s of a naive PIL baseline and a decode-only bound vs our ``batch`` stage at 1 and 2 ranks.
 
 The images are real-size JPEGs (500 x 375 by default, the ImageNet median) cut from the two
 photos that ship inside scikit-learn (``china.jpg``, ``flower.jpg``): random crops, flips and
 a little noise, so that every file differs. Both contenders turn the same files into the same
 hickle batches: the baseline decodes every image in full, resizes the shorter side to S,
-crops the centre and writes the batch, in one process; ours is ``prep.batch.run`` (DCT-scaled
-draft decode straight into numpy, numba box resize straight to S x S, blocked c01b transpose)
-under ``mpirun -n 1`` and ``-n 2``, timed with ``MPI.Wtime`` between barriers (its numba
-kernels are loaded before the first barrier). Medians of repeats.
+crops the centre and writes the batch, in one process; ours is ``prep.batch.run`` (simplejpeg
+decode at Pillow's DCT scale into reused buffers, numba box resize straight to S x S, blocked
+c01b transpose) under ``mpirun -n 1`` and ``-n 2`` with one thread per rank (one core per
+rank: the per-rank ratios), and once more at 1 rank with its second thread (resize, write and
+SHA-256 beside the decode, as a rank does when the machine has a spare core), timed with ``MPI.Wtime`` between barriers (its numba
+kernels are loaded before the first barrier). The decode-only bound is
+``simplejpeg.decode_jpeg`` alone over the same files (bytes read first, full size into one
+reused buffer, one process): what a rank could reach if resizing and writing were free.
+Medians of repeats.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["make_images", "naive_batches", "main"]
+__all__ = ["make_images", "naive_batches", "decode_only", "main"]
 
 
 def make_images(root: Path, n: int, width: int = 500, height: int = 375, seed: int = 0) -> None:
@@ -103,7 +108,30 @@ def naive_batches(out: Path, batch_size: int, size: int) -> tuple[int, float, fl
     return n, time.perf_counter() - t0, time.process_time() - c0
 
 
-def _ours(out: Path, ranks: int, batch_size: int, size: int) -> tuple[int, float, float]:
+def decode_only(out: Path) -> tuple[int, float, float]:
+    """The bound: simplejpeg decodes of the same files, bytes in memory; (images, s, cpu s)."""
+    import simplejpeg
+
+    scan = json.loads((out / "misc" / "scan.json").read_text())
+    root = Path(scan["src"])
+    blobs = [(root / rel).read_bytes() for s in ("train", "val") for rel, _ in scan[s]]
+    h, w, _, _ = simplejpeg.decode_jpeg_header(blobs[0])
+    buf = np.empty(max(h * w * 3, 1), dtype=np.uint8)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for data in blobs:
+        h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+        if buf.size < h * w * 3:
+            buf = np.empty(h * w * 3, dtype=np.uint8)
+        simplejpeg.decode_jpeg(data, "RGB", buffer=buf)
+    return len(blobs), time.perf_counter() - t0, time.process_time() - c0
+
+
+def _ours(
+    out: Path, ranks: int, batch_size: int, size: int, threads: int = 1
+) -> tuple[int, float, float]:
+    """Our batch stage on ``ranks`` ranks of ``threads`` threads each (one core per rank for
+    the per-rank ratios; 2 shows what a rank's second thread gives when a core is spare)."""
+    from prep.batch import THREADS_ENV
     from theanompi.launch import mpirun_command, mpirun_env
 
     for d in out.glob("*_hkl_b*"):
@@ -114,7 +142,9 @@ def _ours(out: Path, ranks: int, batch_size: int, size: int) -> tuple[int, float
     )
     repo = str(Path(__file__).resolve().parents[1])
     env = mpirun_env(
-        os.environ | {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        os.environ
+        | {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        | {THREADS_ENV: str(threads)}
     )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
@@ -126,6 +156,7 @@ def _ours(out: Path, ranks: int, batch_size: int, size: int) -> tuple[int, float
 def _warm_imports() -> None:
     """Import the decoder and writer stacks before any timing (h5py alone takes ~0.3 s)."""
     import hickle  # noqa: F401
+    import simplejpeg  # noqa: F401
     from PIL import Image, JpegImagePlugin, PngImagePlugin  # noqa: F401
 
 
@@ -140,6 +171,108 @@ def _worker(out: str, batch_size: str, size: str) -> int:
     return 0
 
 
+def make_link_tree(root: Path, n_train: int, n_classes: int, val_per_class: int = 50) -> int:
+    """An ImageNet-shaped tree of hard links: ``n_train`` train files over ``n_classes`` folders.
+
+    Each class folder links one tiny JPEG of its own (ext4 allows 65,000 links per file), and
+    ``val/<wnid>/`` gets ``val_per_class`` links. Returns the number of entries made.
+    """
+    from PIL import Image
+
+    made = 0
+    base = n_train // n_classes
+    for c in range(n_classes):
+        wnid = f"n{c:08d}"
+        seed = root / "seeds" / f"{wnid}.JPEG"
+        seed.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (16, 12), (c % 256, (7 * c) % 256, 99)).save(seed, quality=90)
+        for split, n in (("train", base + (c < n_train % n_classes)), ("val", val_per_class)):
+            folder = root / split / wnid
+            folder.mkdir(parents=True)
+            for i in range(n):
+                os.link(seed, folder / f"{wnid}_{i}.JPEG")
+            made += n
+    return made
+
+
+def _scan_worker(src: str, out: str) -> int:
+    """Time ``scan`` + ``shuffle`` on every rank; rank 0 prints seconds and peak RSS as JSON."""
+    import resource
+
+    from mpi4py import MPI
+
+    from prep import scan, shuffle
+
+    _warm_imports()
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    t0, c0 = MPI.Wtime(), time.process_time()
+    tree = scan.run(src, out, comm=comm)
+    files = len(tree["train"]) + len(tree["val"]) + len(tree["skipped"])
+    del tree  # as in `tmpi prep all`: shuffle does not run beside scan's result
+    comm.Barrier()
+    t1, c1 = MPI.Wtime(), time.process_time()
+    shuffle.run(out, seed=0, comm=comm)
+    comm.Barrier()
+    t2 = MPI.Wtime()
+    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
+    cpu = comm.gather(c1 - c0, root=0)
+    if comm.Get_rank() == 0:
+        res = {"files": files, "scan_s": t1 - t0, "shuffle_s": t2 - t1, "peak_rss": rss}
+        res["scan_cpu_s"] = cpu
+        print(json.dumps(res), flush=True)
+    return 0
+
+
+def scan_scale(n_train: int, n_classes: int, ranks: int, work: Path | None = None) -> dict:
+    """Build a hard-link tree, run scan + shuffle under ``mpirun -n ranks``, delete the tree."""
+    from theanompi.launch import mpirun_command, mpirun_env
+
+    tmp = tempfile.TemporaryDirectory(prefix="tmpi-bench-scan-", dir=work)
+    try:
+        root = Path(tmp.name)
+        t0 = time.perf_counter()
+        made = make_link_tree(root / "src", n_train, n_classes)
+        build = time.perf_counter() - t0
+        cmd = mpirun_command(
+            ranks,
+            [
+                sys.executable,
+                "-m",
+                "prep.bench",
+                "--scan-worker",
+                str(root / "src"),
+                str(root / "out"),
+            ],
+        )
+        repo = str(Path(__file__).resolve().parents[1])
+        env = mpirun_env(
+            os.environ | {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"scan worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        res |= {"made": made, "build_s": build, "ranks": ranks}
+        return res
+    finally:
+        tmp.cleanup()
+
+
+def _print_scale(res: dict) -> None:
+    rate = res["files"] / res["scan_s"]
+    peak = max(res["peak_rss"]) / 2**20
+    print(
+        f"scan scale: {res['files']:,} files ({res['made']:,} hard links, built in "
+        f"{res['build_s']:.0f} s) on {res['ranks']} rank(s): scan {res['scan_s']:.1f} s = "
+        f"{rate:,.0f} files/s (goal >= 50,000; CPU s per rank "
+        f"{', '.join(f'{c:.1f}' for c in res['scan_cpu_s'])}), shuffle {res['shuffle_s']:.1f} s; "
+        "peak RSS per "
+        f"rank {', '.join(f'{r / 2**20:.0f}' for r in res['peak_rss'])} MiB (max {peak:.0f}, "
+        "goal < 1024)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the images, time naive / ours x1 / ours x2, print a table of medians; returns 0."""
     p = argparse.ArgumentParser(prog="tmpi bench prep", description=__doc__.splitlines()[0])
@@ -151,10 +284,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="median over this many runs (default 3)")
     p.add_argument("--ranks", default="1,2", help="rank counts for ours (default 1,2)")
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    p.add_argument(
+        "--scan-tree",
+        type=int,
+        default=0,
+        help="instead: time scan + shuffle on a hard-link tree of this many train files",
+    )
+    p.add_argument("--classes", type=int, default=1000, help="class folders of --scan-tree")
     p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--scan-worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return _worker(*args.worker)
+    if args.scan_worker:
+        return _scan_worker(*args.scan_worker)
+    if args.scan_tree:
+        for r in (int(x) for x in args.ranks.split(",")):
+            _print_scale(scan_scale(args.scan_tree, args.classes, r, args.work))
+        return 0
     from prep import scan, shuffle
 
     ranks = [int(r) for r in args.ranks.split(",")]
@@ -173,12 +320,19 @@ def main(argv: list[str] | None = None) -> int:
         tree = scan.run(src, out)
         scan_rate = (len(tree["train"]) + len(tree["val"])) / (time.perf_counter() - t0)
         shuffle.run(out, seed=0)
-        rates: dict[str, list[float]] = {"naive": []} | {f"ours{r}": [] for r in ranks}
+        rates: dict[str, list[float]] = {"naive": [], "bound": []}
+        rates |= {f"ours{r}": [] for r in ranks}
+        if 1 in ranks and (os.cpu_count() or 1) >= 2:
+            rates["ours1t2"] = []  # one rank, its second thread on the spare core
         cpu_rates: dict[str, list[float]] = {k: [] for k in rates}
         for _ in range(args.repeats):
             for key in rates:
                 if key == "naive":
                     n, sec, cpu = naive_batches(out, args.batch_size, args.size)
+                elif key == "bound":
+                    n, sec, cpu = decode_only(out)
+                elif key == "ours1t2":
+                    n, sec, cpu = _ours(out, 1, args.batch_size, args.size, threads=2)
                 else:
                     n, sec, cpu = _ours(out, int(key[4:]), args.batch_size, args.size)
                 rates[key].append(n / sec)
@@ -192,18 +346,37 @@ def main(argv: list[str] | None = None) -> int:
             f"(cpus: {os.cpu_count()}, load average {load:.1f})"
         )
         print(
-            f"{'method':<20}{'ranks':>6}{'img/s':>8}{'x naive':>9}{'per rank':>10}"
-            f"{'x 1 rank':>10}{'img/cpu-s':>11}{'x naive':>9}"
+            f"{'method':<26}{'ranks':>6}{'img/s':>8}{'x naive':>9}{'per rank':>10}"
+            f"{'x 1 rank':>10}{'x bound':>9}{'img/cpu-s':>11}{'x naive':>9}"
         )
         base1 = med.get(f"ours{ranks[0]}")
+        names = {
+            "naive": "naive PIL (full)",
+            "bound": "decode only (simplejpeg)",
+            "ours1t2": "ours, 2 threads (2 cores)",
+        }
         for key in rates:
-            r = 1 if key == "naive" else int(key[4:])
+            r = int(key[4:]) if key.startswith("ours") and key[4:].isdigit() else 1
             v = med[key]
-            scale = f"{v / base1:.2f}" if key != "naive" and r != ranks[0] and base1 else ""
-            name = "naive PIL (full)" if key == "naive" else "ours (prep batch)"
+            own = key not in names
+            scale = f"{v / base1:.2f}" if own and r != ranks[0] and base1 else ""
             print(
-                f"{name:<20}{r:>6}{v:>8.0f}{v / med['naive']:>9.2f}{v / r / med['naive']:>10.2f}"
-                f"{scale:>10}{cmed[key]:>11.0f}{cmed[key] / cmed['naive']:>9.2f}"
+                f"{names.get(key, 'ours (prep batch)'):<26}{r:>6}{v:>8.0f}{v / med['naive']:>9.2f}"
+                f"{v / r / med['naive']:>10.2f}{scale:>10}{v / r / med['bound']:>9.2f}"
+                f"{cmed[key]:>11.0f}{cmed[key] / cmed['naive']:>9.2f}"
+            )
+        if 1 in ranks:
+            one = med["ours1"]
+            two = f"{med['ours2'] / one:.2f}x (goal >= 1.85)" if "ours2" in med else "not run"
+            print(
+                f"ratios: ours per rank / naive {one / med['naive']:.2f}x (goal >= 2.2); "
+                f"1 -> 2 ranks {two}; ours per rank / decode-only bound "
+                f"{one / med['bound']:.2f}x (goal >= 0.6)"
+                + (
+                    f"; with a second thread on a spare core {med['ours1t2'] / med['bound']:.2f}x"
+                    if "ours1t2" in med
+                    else ""
+                )
             )
         print(f"not in the table: scan's decode check, 1 process, {scan_rate:.0f} img/s")
         print(

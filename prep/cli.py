@@ -126,6 +126,9 @@ def _launch(n: int | None) -> None:
     if n < 1:
         raise ConfigError(f"-n must be >= 1, got {n}")
     if under_mpirun() or os.environ.get("THEANOMPI_LAUNCHED"):
+        from theanompi.supervise import watch_launcher
+
+        watch_launcher()  # started by `tmpi prep ... -n N`: stop when the launcher is gone
         if not os.environ.get("THEANOMPI_LAUNCHED"):
             from theanompi.comm import world
 

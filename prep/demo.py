@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from prep._common import atomic_write
 from theanompi.errors import ConfigError
-from theanompi.io import atomic_write
 
 __all__ = ["wnid", "write_demo"]
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from prep._common import Comm, collective, get_comm
+from prep._common import Comm, collective, get_comm, write_npy
 from prep.batch import make_plans
 from prep.io import read_manifest
 from theanompi.errors import DataError
-from theanompi.io import write_npy
 
 __all__ = ["run"]
 

@@ -14,9 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from prep._common import Comm, collective, get_comm, misc_dir
+from prep._common import (
+    Comm,
+    collective,
+    get_comm,
+    misc_dir,
+    raise_collective,
+    write_json,
+    write_npy,
+)
 from prep.io import MANIFEST, batch_files, load_batch, read_manifest
-from theanompi.io import write_json, write_npy
+from theanompi.errors import UserError
 
 __all__ = ["batch_sum", "run"]
 
@@ -48,6 +56,7 @@ def run(out: str | os.PathLike[str], comm: Comm | None = None) -> np.ndarray:
     else:
         total = local
     mean = None
+    failure: str | None = None
     if rank == 0:
         mean = (total / n_images).astype(np.float32)
 
@@ -57,5 +66,9 @@ def run(out: str | os.PathLike[str], comm: Comm | None = None) -> np.ndarray:
             m["mean"] = {"n_images": n_images, "checksum": m["checksum"]}
             write_json(out / MANIFEST, m)
 
-        record()
+        try:
+            record()
+        except UserError as err:  # e.g. a full disk: every rank raises it (one line)
+            failure = str(err)
+    raise_collective(comm, failure)
     return comm.bcast(mean, root=0) if nranks > 1 else mean  # type: ignore[return-value]

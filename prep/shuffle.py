@@ -13,10 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from prep._common import Comm, collective, get_comm, misc_dir, read_json, require
+from prep._common import (
+    Comm,
+    atomic_write,
+    collective,
+    get_comm,
+    misc_dir,
+    read_json,
+    require,
+    write_json,
+)
 from prep.scan import read_scan
 from theanompi.errors import DataError
-from theanompi.io import atomic_write, write_json
 
 __all__ = ["DEFAULT_SEED", "shuffled_order", "read_order", "run"]
 

@@ -21,6 +21,7 @@ from prep._common import (
     combined_checksum,
     get_comm,
     raise_collective,
+    write_json,
 )
 from prep.io import (
     MANIFEST,
@@ -32,7 +33,6 @@ from prep.io import (
     read_manifest,
 )
 from theanompi.errors import DataError, UserError
-from theanompi.io import write_json
 
 __all__ = ["run"]
 
@@ -109,6 +109,9 @@ def run(out: str | os.PathLike[str], comm: Comm | None = None) -> dict[str, Any]
         else:
             m = read_manifest(out)
             m["verified"] = m["checksum"]
-            write_json(out / MANIFEST, m)
+            try:
+                write_json(out / MANIFEST, m)
+            except UserError as err:  # e.g. a full disk: every rank raises it (one line)
+                message = str(err)
     raise_collective(comm, message)
     return {"batches": len(jobs), "checksum": man["checksum"]}

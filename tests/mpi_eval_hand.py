@@ -149,7 +149,7 @@ class HandModel:
         self.opt_state: list[Any] = []
         self._predict = None
 
-    def build(self, batch_size: int | None = None) -> HandModel:
+    def build(self, batch_size: int | None = None, backend: str = "c") -> HandModel:
         import pytensor
         import pytensor.tensor as pt
         from pytensor.tensor.special import softmax

@@ -117,3 +117,41 @@ def test_corrupt_or_missing_file_is_a_data_error(tmp_path: Path) -> None:
         load_checkpoint(bad)
     with pytest.raises(DataError, match="not found"):
         load_checkpoint(tmp_path / "epoch_0002.npz")
+
+
+def test_mid_epoch_names_sort_between_epochs(tmp_path: Path) -> None:
+    m = Model(SHAPES)
+    for epoch, k in [(1, 0), (0, 5), (1, 3), (0, 0), (1, 12), (2, 0)]:
+        save_checkpoint(checkpoint_path(tmp_path, epoch, k), m, {"epoch": epoch, "step": 0})
+    save_checkpoint(rank_state_path(checkpoint_path(tmp_path, 2, 4), 1), m, {})  # a side file
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == [
+        "epoch_0000.npz",
+        "epoch_0000_step_00005.npz",
+        "epoch_0001.npz",
+        "epoch_0001_step_00003.npz",
+        "epoch_0001_step_00012.npz",
+        "epoch_0002.npz",
+    ]
+    assert latest_checkpoint(tmp_path).name == "epoch_0002.npz"
+    save_checkpoint(checkpoint_path(tmp_path, 2, 1), m, {"epoch": 2, "step": 0})
+    assert latest_checkpoint(tmp_path).name == "epoch_0002_step_00001.npz"
+    assert rank_state_path(checkpoint_path(tmp_path, 2, 1), 1).name == (
+        "epoch_0002_step_00001.rank1.npz"
+    )
+
+
+def test_snapshot_freq_zero_means_only_after_the_last_epoch() -> None:
+    from theanompi.snapshot import Snapshotter
+
+    class Comm:
+        def Get_rank(self) -> int:
+            return 0
+
+        def Get_size(self) -> int:
+            return 1
+
+    due = [Snapshotter(".", f, Comm(), Model(SHAPES), local_opt=False).due for f in (0, 1, 2)]
+    assert [e for e in range(1, 6) if due[0](e, 5)] == [5]
+    assert [e for e in range(1, 6) if due[1](e, 5)] == [1, 2, 3, 4, 5]
+    assert [e for e in range(1, 6) if due[2](e, 5)] == [2, 4, 5]

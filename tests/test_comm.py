@@ -46,3 +46,42 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
         raise ValueError("interrupted")
     assert target.read_text().strip().startswith("{") and '"a": 1' in target.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+NODE = """
+import os, sys
+os.environ.pop("OMPI_COMM_WORLD_LOCAL_SIZE")  # as under a launcher that does not set it
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    if not os.environ.get(var):  # the test passes "" for unset
+        os.environ.pop(var, None)
+from theanompi.pytensor_env import configure, fit_threads_to_node, _node_cores
+configure()
+from theanompi.comm import describe_hosts, local_rank, local_size, world
+d = describe_hosts()
+threads = fit_threads_to_node(local_size())
+print(world().Get_rank(), local_rank(), local_size(), threads, _node_cores(),
+      os.environ["OPENBLAS_NUM_THREADS"], "|", d, flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_local_rank_size_and_threads_come_from_mpi(mpirun, tmp_path: Path) -> None:
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    env = {"OPENBLAS_NUM_THREADS": "", "OMP_NUM_THREADS": "", "PYTENSOR_FLAGS": ""}
+    out = mpirun(3, [script], env=env, timeout=120)
+    rows = sorted(line.split("|")[0].split() for line in out.stdout.splitlines())
+    assert [r[:3] for r in rows] == [["0", "0", "3"], ["1", "1", "3"], ["2", "2", "3"]]
+    cores = int(rows[0][4])
+    assert all(r[3] == r[5] == str(max(1, cores // 3)) for r in rows), rows
+    import socket
+
+    assert f"| 3 ranks on 1 host: {socket.gethostname()} x3 (ranks 0-2)" in out.stdout
+
+
+@pytest.mark.mpi
+def test_threads_the_user_set_are_kept(mpirun, tmp_path: Path) -> None:
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    out = mpirun(2, [script], env={"OPENBLAS_NUM_THREADS": "7", "PYTENSOR_FLAGS": ""}, timeout=120)
+    assert all(line.split()[3] == line.split()[5] == "7" for line in out.stdout.splitlines())

@@ -4,6 +4,7 @@ validation == ``tmpi eval`` of the same checkpoint, exactly, under real mpirun."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -242,3 +243,55 @@ def test_record_validation_equals_eval_of_the_checkpoint_exactly(mpirun, tmp_pat
         assert rec["val_loss"] == rep["loss"], n
         assert rec["val_top1_err"] == rep["top1_error"], n
         assert rec["val_top5_err"] == rep["top5_error"], n
+
+
+_GIL = """
+import threading, time
+import numpy as np
+from mpi4py import MPI
+import theanompi.metrics as metrics
+
+comm = MPI.COMM_WORLD.Dup()  # no pickled collective on it yet
+rank = comm.Get_rank()
+if rank == 1:  # late inside the batch loop: rank 0 waits in evaluate's closing collectives
+    real = metrics.batch_metrics
+
+    def slow(*a, **k):
+        time.sleep(2)
+        return real(*a, **k)
+
+    metrics.batch_metrics = slow
+
+class Table:
+    n_classes = 10
+    def predict(self, x):
+        return np.full((len(x), 10), 0.1, np.float32)
+
+ticks = [0]
+def tick():
+    while True:
+        time.sleep(0.01)
+        ticks[0] += 1
+
+threading.Thread(target=tick, daemon=True).start()
+batches = [(rank, np.zeros((4, 1), np.float32), np.arange(4))]
+t0, s0 = ticks[0], time.monotonic()
+out = metrics.evaluate(Table(), batches, comm)
+if rank == 0:
+    print("WAIT", round(time.monotonic() - s0, 2), "TICKS", ticks[0] - t0, out["images"])
+"""
+
+
+@pytest.mark.mpi
+def test_a_thread_runs_while_evaluate_waits_for_a_late_rank(mpirun, tmp_path) -> None:
+    """The stall watchdog is a thread: evaluate's collectives must release the GIL while they
+    wait, even the first ones on a communicator (mpi4py's pickled ``allreduce`` does not)."""
+    script = tmp_path / "gil.py"
+    script.write_text(_GIL)
+    out = mpirun(2, [script], timeout=120)
+    m = re.search(r"WAIT (\S+) TICKS (\d+) (\d+)", out.stdout)
+    assert m, out.stdout + out.stderr
+    wait, ticks, images = float(m[1]), int(m[2]), int(m[3])
+    assert images == 8
+    assert wait > 1.5, out.stdout
+    assert ticks > 50, out.stdout  # about 100 a second while rank 0 waits

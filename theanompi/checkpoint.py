@@ -14,6 +14,11 @@ BSP ``avg`` the momentum buffers of ranks > 0 differ from rank 0's) goes in a
 side file ``epoch_0003.rank1.npz`` with the same format; it is written before
 the main file, which is the commit point.
 
+Mid-epoch checkpoints (``output.checkpoint_every_steps`` / ``_minutes``) are named
+``epoch_0003_step_00005.npz``: 3 finished epochs and 5 steps of the next; they sort
+between ``epoch_0003.npz`` and ``epoch_0004.npz``, and :func:`latest_checkpoint` picks
+the furthest of either kind.
+
 >>> import numpy as np, tempfile, pathlib
 >>> class M:  # anything with .params / .opt_state lists of arrays or shared variables
 ...     params = [np.ones((2, 3), np.float32)]
@@ -54,7 +59,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-_NAME_RE = re.compile(r"^epoch_(\d+)\.npz$")
+_NAME_RE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.npz$")
 
 
 @dataclass
@@ -77,9 +82,11 @@ class Checkpoint:
         return int(self.meta.get("step", 0))
 
 
-def checkpoint_path(checkpoint_dir: str | Path, epoch: int) -> Path:
-    """``<checkpoint_dir>/epoch_0003.npz`` for ``epoch=3``."""
-    return Path(checkpoint_dir) / f"epoch_{epoch:04d}.npz"
+def checkpoint_path(checkpoint_dir: str | Path, epoch: int, step_in_epoch: int = 0) -> Path:
+    """``<checkpoint_dir>/epoch_0003.npz`` for ``epoch=3``; ``epoch_0003_step_00005.npz``
+    with ``step_in_epoch=5`` (a mid-epoch checkpoint: 5 steps into the 4th epoch)."""
+    name = f"epoch_{epoch:04d}" + (f"_step_{step_in_epoch:05d}" if step_in_epoch else "")
+    return Path(checkpoint_dir) / f"{name}.npz"
 
 
 def rank_state_path(path: str | Path, rank: int) -> Path:
@@ -215,16 +222,21 @@ def apply_checkpoint(model: Any, ckpt: Checkpoint, *, opt_state: bool = True) ->
 
 
 def list_checkpoints(checkpoint_dir: str | Path) -> list[Path]:
-    """All ``epoch_NNNN.npz`` in the folder, oldest epoch first (temp files and side files ignored)."""
+    """All ``epoch_NNNN.npz`` and ``epoch_NNNN_step_KKKKK.npz`` in the folder, oldest first
+    (by epoch, then step in the epoch; temp files and side files ignored)."""
     d = Path(checkpoint_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME_RE.match(p.name))]
+    found = [
+        ((int(m.group(1)), int(m.group(2) or 0)), p)
+        for p in d.iterdir()
+        if (m := _NAME_RE.match(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The checkpoint with the highest epoch in ``checkpoint_dir``, or ``None``."""
+    """The furthest checkpoint (highest epoch, then step in the epoch), or ``None``."""
     found = list_checkpoints(checkpoint_dir)
     return found[-1] if found else None
 

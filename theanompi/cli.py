@@ -36,7 +36,13 @@ except ModuleNotFoundError as _err:  # pragma: no cover - only while prep is abs
 
 NProcs = Annotated[
     int | None,
-    typer.Option("-n", "--np", help="Launch this many MPI ranks with mpirun (omit under mpirun)."),
+    typer.Option(
+        "-n",
+        "--np",
+        help="Launch this many MPI ranks with mpirun (omit under mpirun). Across machines add "
+        "--hostfile FILE or -H host1:slots,host2:slots, and --mpi-args '...' for mpirun; "
+        "inside a Slurm allocation -n alone uses it.",
+    ),
 ]
 ConfigPath = Annotated[
     Path | None,
@@ -77,14 +83,20 @@ class _RegistryHelp(TyperCommand):
         super().format_help(ctx, formatter)
 
 
-def _relaunch_if_asked(n: int | None) -> None:
-    """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code."""
+def _relaunch_if_asked(n: int | None, max_restarts: int = 0, output: Any = None) -> None:
+    """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code.
+
+    ``max_restarts`` relaunches a failed run from the latest checkpoint of ``output`` (the
+    config's ``output`` section: its checkpoint and record dirs)."""
     if n is None or under_mpirun():
         return
     from theanompi.launch import relaunch
 
     argv = sys.argv[1:]
-    raise typer.Exit(relaunch(n, argv))
+    dirs = {}
+    if output is not None:
+        dirs = {"checkpoint_dir": output.checkpoint_dir, "record_dir": output.record_dir}
+    raise typer.Exit(relaunch(n, argv, max_restarts=max_restarts, **dirs))
 
 
 def _start(n_expected: int | None) -> None:
@@ -94,6 +106,14 @@ def _start(n_expected: int | None) -> None:
 
     configure()
     install_abort_hook()
+    from theanompi.supervise import watch_launcher
+
+    watch_launcher()  # started by `tmpi ... -n N`: stop when the launcher is gone
+    from theanompi.comm import describe_hosts, local_size, log
+    from theanompi.pytensor_env import fit_threads_to_node
+
+    log(f"tmpi: {describe_hosts()}")  # collective: every rank, before any set-up
+    fit_threads_to_node(local_size())
     launched = os.environ.get("THEANOMPI_LAUNCHED")
     size = world().Get_size()
     if n_expected is not None and launched is None and size != n_expected:
@@ -167,16 +187,57 @@ def train(
         float | None,
         typer.Option("--warmup-epochs", help="Ramp the lr up linearly over these epochs."),
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="Compiler of the step functions: {training.backend}."),
+    ] = None,
     timeline: Annotated[
         Path | None,
         typer.Option("--timeline", help="Write a Chrome trace of every rank's spans here."),
+    ] = None,
+    stall_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--stall-timeout",
+            help="End the job (exit 1) naming the rank(s) a collective has waited this many "
+            "seconds for (training.stall_timeout; 0: off).",
+        ),
     ] = None,
     deterministic: Annotated[
         bool, typer.Option("--deterministic", help="No shuffle, crop or mirror randomness.")
     ] = False,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the latest checkpoint in the run dir.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue from the latest checkpoint in the run dir (its stored config is "
+            "compared with this one: a changed model, arch, batch size or data layout refuses).",
+        ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Start again in a run dir that holds a run: delete its checkpoints and record "
+            "(only those). Without it or --resume such a run dir is refused.",
+        ),
+    ] = False,
+    verify_data: Annotated[
+        bool,
+        typer.Option(
+            "--verify-data",
+            help="Check every batch against the prep manifest's digests before training "
+            "(data.verify=all; by default each batch is checked when first read).",
+        ),
+    ] = False,
+    max_restarts: Annotated[
+        int,
+        typer.Option(
+            "--max-restarts",
+            help="With -n: after a rank failure or stall, relaunch with --resume from the "
+            "latest checkpoint, at most this many times (as torchrun).",
+        ),
+    ] = 0,
     sets: SetKeys = None,
 ) -> None:
     """Train a model with a sync rule. -n counts every rank, a rule's server included.
@@ -202,23 +263,33 @@ def train(
             "model.learning_rate": lr,
             "randomness.seed": seed,
             "randomness.deterministic": True if deterministic else None,
+            "data.verify": "all" if verify_data else None,
             "training.max_steps": max_steps,
             "training.lr_scaling": lr_scaling,
             "training.warmup_epochs": warmup_epochs,
+            "training.backend": backend,
+            "training.stall_timeout": stall_timeout,
             "output.timeline": str(timeline) if timeline else None,
         },
     )
     cfg = load_config(config, model, over)  # validate before starting any MPI job
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if max_restarts and (n is None or (under_mpirun() and "THEANOMPI_LAUNCHED" not in os.environ)):
+        raise ConfigError("--max-restarts needs -n N (the launcher restarts mpirun); drop it")
     if n is not None and not under_mpirun():
         check_world_size(cfg, n)
-    _relaunch_if_asked(n)
+    _relaunch_if_asked(n, max_restarts, cfg.output)
     _start(n)
     from theanompi.comm import world
 
     check_world_size(cfg, world().Get_size())
+    from theanompi.signals import StopFlag
     from theanompi.train import run
 
-    if run(cfg, resume=resume)["interrupted"]:  # stopped at a step boundary; checkpoints valid
+    with StopFlag():  # a Ctrl-C before the loop (or on a serving rank) waits for the loop
+        summary = run(cfg, resume=resume, overwrite=overwrite)
+    if summary["interrupted"]:  # stopped at a step boundary; checkpoints valid
         raise typer.Exit(130)
 
 
@@ -239,6 +310,10 @@ def evaluate(
     save_predictions: Annotated[
         bool, typer.Option("--save-predictions", help="Write top-5 class indices per image.")
     ] = False,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="Compiler: c (default) or jax (training.backend)."),
+    ] = None,
     sets: SetKeys = None,
 ) -> None:
     """Validate a checkpoint: top-1 and top-5 error, loss, images/s (identical for any -n)."""
@@ -249,6 +324,7 @@ def evaluate(
         **{
             "data.dir": str(data) if data else None,
             "output.run_dir": str(run_dir) if run_dir else None,
+            "training.backend": backend,
         },
     )
     cfg = load_config(config, model, over)  # validate before starting any MPI job
@@ -360,9 +436,21 @@ def bench_train(ctx: typer.Context) -> None:
     _bench("theanompi.bench.train", ctx.args)
 
 
+def _take_placement_flags() -> None:
+    """Move ``--hostfile``/``-H``/``--mpi-args`` (any command with ``-n``) out of the command
+    line into the launcher's environment variables (:class:`theanompi.hosts.Placement`)."""
+    from theanompi.hosts import split_placement_flags
+
+    found, rest = split_placement_flags(sys.argv[1:])
+    if found:
+        os.environ.update(found)
+        sys.argv[1:] = rest
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a meaningful exit code."""
     try:
+        _take_placement_flags()
         app()
     except UserError as err:
         if "mpi4py.MPI" in sys.modules:
@@ -376,7 +464,7 @@ def main() -> None:
             let_rank0_report()
         if r == 0:
             print(f"tmpi: error: {err}", file=sys.stderr, flush=True)
-        elif not isinstance(err, ConfigError):
+        elif not isinstance(err, ConfigError) and not err.agreed:  # agreed: rank 0 reported
             print(f"tmpi: error on rank {r}: {err}", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
 

@@ -1,4 +1,4 @@
-"""MPI helpers: rank-0 logging, abort-on-exception, and the (local) rank before MPI starts."""
+"""MPI helpers: rank-0 logging, abort-on-exception, this rank's node, the rank before MPI starts."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ __all__ = [
     "under_mpirun",
     "install_abort_hook",
     "is_power_of_two",
+    "node_comm",
+    "local_rank",
+    "local_size",
+    "host_layout",
+    "describe_hosts",
 ]
 
 
@@ -94,6 +99,63 @@ def log(*args: Any, all_ranks: bool = False, **kwargs: Any) -> None:
         print(f"[rank {r}]", *args, **kwargs, flush=True)
     elif r == 0:
         print(*args, **kwargs, flush=True)
+
+
+_NODE_COMMS: dict[int, Any] = {}
+
+
+def node_comm(comm: Any = None) -> Any:
+    """The ranks of ``comm`` (default: the world) that share this rank's node (its memory),
+    from MPI (``Split_type(COMM_TYPE_SHARED)``), not from a launcher's environment.
+
+    Collective over ``comm`` on the first call for it; cached afterwards.
+    """
+    from mpi4py import MPI
+
+    comm = world() if comm is None else comm
+    key = comm.py2f()
+    if key not in _NODE_COMMS:
+        _NODE_COMMS[key] = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    return _NODE_COMMS[key]
+
+
+def local_rank(comm: Any = None) -> int:
+    """This rank's index among the ranks of ``comm`` on its node (0 = the node's first)."""
+    return node_comm(comm).Get_rank()
+
+
+def local_size(comm: Any = None) -> int:
+    """How many ranks of ``comm`` share this rank's node."""
+    return node_comm(comm).Get_size()
+
+
+def host_layout(comm: Any = None) -> list[tuple[str, list[int]]]:
+    """``[(hostname, [ranks...]), ...]`` in order of each host's first rank (collective)."""
+    import socket
+
+    comm = world() if comm is None else comm
+    names = comm.allgather(socket.gethostname())
+    layout: dict[str, list[int]] = {}
+    for r, name in enumerate(names):
+        layout.setdefault(name, []).append(r)
+    return list(layout.items())
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def describe_hosts(comm: Any = None) -> str:
+    """The start-up line: ``4 ranks on 2 hosts: nodea x2 (ranks 0-1), nodeb x2 (ranks 2-3)``
+    (collective)."""
+    comm = world() if comm is None else comm
+    layout = host_layout(comm)
+    hosts = ", ".join(f"{h} x{len(rs)} ({_ranks_text(rs)})" for h, rs in layout)
+    n = comm.Get_size()
+    ranks = f"{n} rank{'s' if n > 1 else ''}"
+    return f"{ranks} on {len(layout)} host{'s' if len(layout) > 1 else ''}: {hosts}"
 
 
 def is_power_of_two(n: int) -> bool:

@@ -11,7 +11,9 @@ never listed here.
 from __future__ import annotations
 
 import difflib
+import math
 import re
+import string
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
@@ -45,8 +47,10 @@ __all__ = [
 ]
 
 LAYOUTS = ("c01b", "bc01")
+DATA_VERIFY = ("first_read", "all", "off")  # data.verify: batch digests against the manifest
 LR_POLICIES = ("step", "fixed")
 LR_SCALINGS = ("none", "linear")
+MAX_LR = 100.0  # model.learning_rate above this is a typo (1e18), not a schedule
 
 
 # -- choices read from the registries (imported only when a config is validated) ------------
@@ -80,12 +84,43 @@ def _model_names() -> tuple[str, ...]:
     return tuple(MODELS)
 
 
+def _backends() -> tuple[str, ...]:
+    from theanompi.models.ops import BACKENDS
+
+    return tuple(BACKENDS)
+
+
 # -- ranges: (predicate, what the message says the value must be) -----------------------------
 Range = tuple[Callable[[Any], bool], str]
 _POSITIVE: Range = (lambda v: v > 0, "positive")
 _AT_LEAST_1: Range = (lambda v: v >= 1, ">= 1")
 _NON_NEGATIVE: Range = (lambda v: v >= 0, ">= 0")
 _UNIT: Range = (lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+_FRACTION: Range = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+_SEED: Range = (lambda v: 0 <= v < 2**63, "in [0, 2**63)")
+_LR: Range = (lambda v: 0.0 < v <= MAX_LR, f"in (0, {MAX_LR:g}] (a larger lr diverges at once)")
+_EPOCHS: Range = (lambda v: all(s >= 1 for s in v), "a list of epoch counts >= 1, e.g. [20, 40]")
+_PATH_MAX, _NAME_MAX = 4096, 255  # Linux limits: whole path, one component (bytes)
+
+
+def _path_ok(p: str, required: bool) -> bool:
+    if not p:
+        return not required
+    return (
+        "\x00" not in p
+        and len(p.encode(errors="replace")) <= _PATH_MAX
+        and all(len(part.encode(errors="replace")) <= _NAME_MAX for part in p.split("/"))
+    )
+
+
+_PATH: Range = (
+    lambda v: _path_ok(v, False),
+    f"a path of <= {_PATH_MAX} bytes, names <= {_NAME_MAX}",
+)
+_DIR: Range = (
+    lambda v: _path_ok(v, True),
+    f"a non-empty path of <= {_PATH_MAX} bytes, names <= {_NAME_MAX}",
+)
 
 
 def key(
@@ -179,11 +214,13 @@ class Section(Mapping[str, Any]):
 class DataSection(Section):
     """``data``: where ``tmpi prep`` wrote the dataset and how it is stored."""
 
-    dir: str = "data/digits"  # output folder of `tmpi prep`
+    dir: str = key("data/digits", check=_DIR)  # output folder of `tmpi prep`
     file_batch_size: int = key(128, check=_POSITIVE)  # B: images per hickle file
-    image_size: int = 32  # stored image side (prep --size)
+    image_size: int = key(32, check=_POSITIVE)  # stored image side (prep --size)
     layout: str = key("c01b", choices=LAYOUTS)
     prefetch: bool = True  # load the next batch in a background thread
+    # check each batch's SHA-256 against the manifest: when first read in a run, all at start, off
+    verify: str = key("first_read", choices=DATA_VERIFY)
 
 
 @dataclass(frozen=True)
@@ -199,7 +236,7 @@ class WeightExchangeSection(Section):
     # values on the wire (asa16 implies fp16): theanompi.exchange.compression.COMPRESSORS
     compression: str = key("none", choices=_compressor_names)
     gossip_p: float = key(0.5, check=_UNIT)  # GOSGD: probability that a worker pushes after a step
-    check_every: int = 0  # debug: assert ranks bit-identical every K steps (0: off)
+    check_every: int = key(0, check=_NON_NEGATIVE)  # debug: ranks bit-identical every K steps
 
 
 @dataclass(frozen=True)
@@ -209,7 +246,7 @@ class RandomnessSection(Section):
     shuffle: bool = True  # shuffle file order each epoch
     rand_crop: bool = True
     mirror: bool = True
-    seed: int = 1234
+    seed: int = key(1234, check=_SEED)
     deterministic: bool = False  # turns shuffle, rand_crop and mirror off
 
 
@@ -217,24 +254,30 @@ class RandomnessSection(Section):
 class TrainingSection(Section):
     """``training``: which model config, progress lines, and the learning-rate schedule."""
 
-    model: str = "digits"  # configs/<model>.yaml, a path, or a registered model name
-    print_freq: int = 10  # progress line every print_freq steps
-    max_steps: int = 0  # stop each epoch after this many steps (0: whole epoch)
+    model: str = key("digits", check=_DIR)  # configs/<model>.yaml, a path, or a model name
+    print_freq: int = key(10, check=_AT_LEAST_1)  # progress line every print_freq steps
+    max_steps: int = key(0, check=_NON_NEGATIVE)  # stop each epoch after this many (0: all)
     # linear: lr x global batch / lr_reference_batch
     lr_scaling: str = key("none", choices=LR_SCALINGS)
     lr_reference_batch: int = key(256, check=_AT_LEAST_1)  # the global batch lr is tuned for
     warmup_epochs: float = key(0.0, check=_NON_NEGATIVE)  # ramp lr linearly over these epochs
+    backend: str = key("c", choices=_backends)  # compiler: c (C++/BLAS) | jax (XLA, GPU-ready)
+    # end the job (exit 1) naming the rank(s) a collective waited for this long (0: off)
+    stall_timeout: float = key(300.0, check=_NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class OutputSection(Section):
     """``output``: run folder, checkpoints, record and timeline ({model}, {run_dir} expanded)."""
 
-    run_dir: str = "runs/{model}"
-    checkpoint_dir: str = "{run_dir}/checkpoints"
-    record_dir: str = "{run_dir}/record"
-    snapshot_freq: int = 1  # checkpoint every snapshot_freq epochs
-    timeline: str = ""  # Chrome trace of every rank's spans (empty: none)
+    run_dir: str = key("runs/{model}", check=_DIR)
+    checkpoint_dir: str = key("{run_dir}/checkpoints", check=_DIR)
+    record_dir: str = key("{run_dir}/record", check=_DIR)
+    snapshot_freq: int = key(1, check=_NON_NEGATIVE)  # checkpoint every snapshot_freq epochs
+    checkpoint_every_steps: int = key(0, check=_NON_NEGATIVE)  # + mid-epoch, every K steps (0: off)
+    checkpoint_every_minutes: float = key(0.0, check=_NON_NEGATIVE)  # + every M minutes (0: off)
+    keep_last: int = key(0, check=_NON_NEGATIVE)  # keep the last K checkpoints (0: all)
+    timeline: str = key("", check=_PATH)  # Chrome trace of every rank's spans (empty: none)
 
 
 @dataclass(frozen=True)
@@ -242,18 +285,18 @@ class ModelSection(Section):
     """A model config (configs/<model>.yaml), given to ``create_model`` as a mapping."""
 
     name: str = key("", choices=_model_names)  # required: theanompi.models.MODELS
-    input_size: int = 28  # crop side fed to the network
-    channels: int = 3
-    n_classes: int = 10
-    batch_size: int = 32  # per-worker sub-batch; must divide data.file_batch_size
-    n_epochs: int = 10
-    learning_rate: float = 0.01
+    input_size: int = key(28, check=_POSITIVE)  # crop side fed to the network
+    channels: int = key(3, check=_POSITIVE)
+    n_classes: int = key(10, check=_AT_LEAST_1)
+    batch_size: int = key(32, check=_POSITIVE)  # per-worker sub-batch; divides file_batch_size
+    n_epochs: int = key(10, check=_AT_LEAST_1)
+    learning_rate: float = key(0.01, check=_LR)
     lr_policy: str = key("step", choices=LR_POLICIES)
-    lr_step: tuple[int, ...] = ()  # epochs after which lr *= lr_gamma
-    lr_gamma: float = 0.1
-    momentum: float = 0.9
+    lr_step: tuple[int, ...] = key((), check=_EPOCHS)  # epochs after which lr *= lr_gamma
+    lr_gamma: float = key(0.1, check=_POSITIVE)
+    momentum: float = key(0.9, check=_FRACTION)
     nesterov: bool = False
-    weight_decay: float = 0.0005
+    weight_decay: float = key(0.0005, check=_FRACTION)
     arch: Mapping[str, Any] = key({})  # model-specific; validated by the model's constructor
 
 
@@ -298,28 +341,37 @@ def choices(name: str) -> tuple[str, ...]:
 
 
 def configs_dir() -> Path:
-    """The repository's configs/ folder."""
-    return Path(__file__).resolve().parents[1] / "configs"
+    """The model and run configs: ``theanompi/configs`` (in a checkout, a link to the
+    repository's configs/; in an installed wheel, the shipped copies)."""
+    return Path(__file__).resolve().parent / "configs"
 
 
 def _known_configs() -> list[str]:
     return sorted(q.stem for q in configs_dir().glob("*.yaml") if q.stem != "config")
 
 
+def _exists(p: Path) -> bool:
+    """``p.exists()``, False where the OS refuses the name itself (too long, a NUL byte)."""
+    try:
+        return p.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def find_config(name_or_path: str | Path) -> Path:
     """``digits`` → configs/digits.yaml; an existing path is returned as is."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.exists():
-            raise ConfigError(f"config file {str(p)!r} not found; check the path")
+    if p.suffix in (".yaml", ".yml") or _exists(p):
+        if not _exists(p):
+            raise ConfigError(f"config file {_show(str(p))} not found; check the path")
         return p
     for cand in (Path("configs") / f"{p}.yaml", configs_dir() / f"{p}.yaml"):
-        if cand.exists():
+        if _exists(cand):
             return cand
     known = _known_configs()
     choices_ = f"choose from {', '.join(known)} or " if known else ""
     raise ConfigError(
-        f"no model config {str(name_or_path)!r} in configs/; {choices_}give a .yaml path"
+        f"no model config {_show(str(name_or_path))} in configs/; {choices_}give a .yaml path"
     )
 
 
@@ -340,31 +392,66 @@ def _yaml_type(hint: Any) -> type:
     return {tuple: list, Mapping: dict}.get(origin, origin)
 
 
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, shortened for a one-line message (a 200 kB path stays readable)."""
+    text = repr(value)
+    return (
+        text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(text)} chars)"
+    )
+
+
+def _as_float(value: Any) -> Any:
+    """``1e-3`` is a str to YAML 1.1 (no dot): read such a str as the float it spells."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def _check_value(where: str, name: str, f: Field[Any], hint: Any, value: Any) -> Any:
     valid = f.metadata.get("choices")
     if valid is not None:
         valid = tuple(valid() if callable(valid) else valid)
-        if value not in valid:
+        if not isinstance(value, str) or value not in valid:
             raise ConfigError(
-                f"{where}: {name} is {value!r}; it must be one of {', '.join(map(repr, valid))}"
+                f"{where}: {name} is {_show(value)}; it must be one of {', '.join(map(repr, valid))}"
             )
         return value
     kind = _yaml_type(hint)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    elif kind is int and isinstance(value, bool) or not isinstance(value, kind):
+    if kind is float:
+        value = _as_float(value)
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
         raise ConfigError(
-            f"{where}: {name} must be {kind.__name__}, got {value!r} ({type(value).__name__})"
+            f"{where}: {name} must be {kind.__name__}, got {_show(value)} ({type(value).__name__})"
         )
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{where}: {name} must be a finite number, got {value!r}")
+    if kind is list:  # tuple[int, ...]: every item of that type
+        item = (getattr(hint, "__args__", None) or (Any,))[0]
+        bad = [
+            v for v in value if item is not Any and (isinstance(v, bool) or not isinstance(v, item))
+        ]
+        if bad:
+            raise ConfigError(
+                f"{where}: {name} must be a list of {item.__name__}, got {_show(value)} "
+                f"({_show(bad[0])} is {type(bad[0]).__name__})"
+            )
     check = f.metadata.get("check")
     if check is not None and not check[0](value):
-        raise ConfigError(f"{name} must be {check[1]}, got {value!r}")
+        raise ConfigError(f"{where}: {name} must be {check[1]}, got {_show(value)}")
     return _freeze(value)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise ConfigError(f"{_show(str(path))}: cannot read ({reason}); check the path") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
@@ -379,10 +466,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _checked(where: str, cls: type[Section], given: dict[str, Any], prefix: str) -> dict[str, Any]:
     """``given`` validated against ``cls``'s fields, defaults filled in (the section's kwargs)."""
     known = _fields(cls)
-    unknown = [k for k in given if k not in known]
+    unknown = [str(k) for k in given if k not in known]
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key {prefix + unknown[0]!r}; {_suggest(unknown[0], list(known))}"
+            f"{where}: unknown key {_show(prefix + unknown[0])}; {_suggest(unknown[0], list(known))}"
         )
     hints = _hints(cls)
     return {
@@ -394,9 +481,29 @@ def _checked(where: str, cls: type[Section], given: dict[str, Any], prefix: str)
 def parse_override(text: str) -> tuple[str, Any]:
     """``"model.batch_size=64"`` → ``("model.batch_size", 64)`` (value parsed as YAML)."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. model.batch_size=64")
+        raise ConfigError(
+            f"--set {_show(text)}: expected section.key=value, e.g. model.batch_size=64"
+        )
     name, raw = text.split("=", 1)
-    return name.strip(), yaml.safe_load(raw)
+    name = name.strip()
+    if "." not in name or not all(name.split(".", 1)):
+        raise ConfigError(
+            f"--set {_show(text)}: {_show(name)} is not section.key, e.g. model.batch_size=64"
+        )
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        why = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(
+            f"--set {_show(text)}: the value is not valid YAML ({why}); quote a string, "
+            f"e.g. {name}='text', or write a list as [1, 2]"
+        ) from None
+    if value is None:
+        raise ConfigError(
+            f"--set {_show(text)}: no value given for {name}; write {name}=VALUE"
+            " (an empty value is not 'unset': drop the --set to keep the config's value)"
+        )
+    return name, value
 
 
 def _model_source(name_or_path: str) -> tuple[dict[str, Any], str, str]:
@@ -412,7 +519,7 @@ def _model_source(name_or_path: str) -> tuple[dict[str, Any], str, str]:
             known = _known_configs()
             bare = ", ".join(m for m in models if m not in known)
             raise ConfigError(
-                f"no model config {name_or_path!r} in configs/; choose from {', '.join(known)}, "
+                f"no model config {_show(name_or_path)} in configs/; choose from {', '.join(known)}, "
                 f"a model without one ({bare}: schema defaults), or give a .yaml path"
             ) from None
         return {"name": name_or_path}, f"model {name_or_path} (schema defaults)", name_or_path
@@ -420,13 +527,29 @@ def _model_source(name_or_path: str) -> tuple[dict[str, Any], str, str]:
 
 
 def _expand(name: str, template: str, **values: str) -> str:
+    """``template`` with its ``{name}`` placeholders filled in; only plain names of ``values``
+    (no ``{model.x}``, ``{0}``, ``{model!r}`` or format specs), ``{{``/``}}`` for braces."""
+    fields_ = ", ".join("{" + k + "}" for k in values)
+    bad = ConfigError(
+        f"output.{name} is {_show(template)}; its only placeholders can be {fields_} "
+        "(write {{ and }} for a literal brace)"
+    )
     try:
-        return template.format(**values)
-    except (KeyError, IndexError, ValueError):
-        fields_ = ", ".join("{" + k + "}" for k in values)
-        raise ConfigError(
-            f"output.{name} is {template!r}; its only placeholders can be {fields_}"
-        ) from None
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        raise bad from None
+    out = []
+    for literal, field_name, spec, conversion in parts:
+        out.append(literal)
+        if field_name is None:
+            continue
+        if field_name not in values or spec or conversion:
+            raise bad
+        out.append(values[field_name])
+    text = "".join(out)
+    if not _path_ok(text, True):
+        raise ConfigError(f"output.{name} expands to {_show(text)}; it must be {_DIR[1]}")
+    return text
 
 
 def load_config(
@@ -442,14 +565,16 @@ def load_config(
     section is the schema defaults with ``name`` set.
     """
     run_path = Path(path) if path is not None else configs_dir() / "config.yaml"
-    if not run_path.exists():
-        raise ConfigError(f"config file {str(run_path)!r} not found; pass --config PATH")
+    if not _exists(run_path):
+        raise ConfigError(f"config file {_show(str(run_path))} not found; pass --config PATH")
     raw = _read_yaml(run_path)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     where = str(run_path)
     for sec in raw:
         if sec not in SCHEMA:
-            raise ConfigError(f"{where}: unknown section {sec!r}; {_suggest(sec, list(SCHEMA))}")
+            raise ConfigError(
+                f"{where}: unknown section {_show(sec)}; {_suggest(str(sec), list(SCHEMA))}"
+            )
         if not isinstance(raw[sec], dict):
             raise ConfigError(f"{where}: section {sec!r} must be a mapping of keys")
     model_over = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
@@ -458,16 +583,20 @@ def load_config(
         sec, _, short = name.partition(".")
         if sec not in SCHEMA or not short:
             raise ConfigError(
-                f"override {name!r}: unknown section; {_suggest(sec, [*SCHEMA, 'model'])}"
+                f"override {_show(name)}: unknown section; {_suggest(sec, [*SCHEMA, 'model'])}"
             )
+        _checked("command line", SCHEMA[sec], {short: value}, f"{sec}.")  # name the flag's value
         raw.setdefault(sec, {})[short] = value
+    _checked("command line", ModelSection, model_over, "model.")
     given = {sec: _checked(where, cls, raw.get(sec, {}), f"{sec}.") for sec, cls in SCHEMA.items()}
     if model is not None:
-        given["training"]["model"] = str(model)
+        given["training"].update(
+            _checked("--model", TrainingSection, {"model": str(model)}, "training.")
+        )
 
     mraw, model_where, stem = _model_source(given["training"].get("model", TrainingSection.model))
     mraw.update(model_over)
-    mgiven = _checked(model_where, ModelSection, mraw, "")
+    mgiven = _checked(model_where, ModelSection, mraw, "model.")
     if not mgiven.get("name"):
         raise ConfigError(
             f"{model_where}: key 'name' is required (the model to build, e.g. small_cnn)"

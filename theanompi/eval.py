@@ -201,22 +201,27 @@ def run(
     from theanompi.comm import log
     from theanompi.data import ValLoader
     from theanompi.io import write_json, write_npy
+    from theanompi.pytensor_env import CompileTurn
+    from theanompi.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
 
     def setup(model: Any) -> tuple[Path, Any, Any, Any]:
-        ckpt_path = _resolve_checkpoint(cfg, checkpoint)
-        _check_val_folder(cfg)
-        loader = ValLoader(cfg, rank, size)
-        if model is None:
-            from theanompi.models import create_model
+        with turn:  # the node's other ranks wait until its first has compiled
+            ckpt_path = _resolve_checkpoint(cfg, checkpoint)
+            _check_val_folder(cfg)
+            loader = ValLoader(cfg, rank, size)
+            if model is None:
+                from theanompi.models import create_model
 
-            model = create_model(cfg.model)
-        ckpt = load_model_checkpoint(model, ckpt_path, str(cfg.model.name))  # before compiling
-        model.build(loader.batch_size)
+                model = create_model(cfg.model)
+            ckpt = load_model_checkpoint(model, ckpt_path, str(cfg.model.name))  # before compile
+            model.build(loader.batch_size, backend=cfg.training.backend)
         return ckpt_path, loader, model, ckpt
 
+    collective(comm, check_nodes, comm, str(cfg.data.dir), None)  # same data on every node
+    turn = CompileTurn(comm)  # compile once per node
     ckpt_path, loader, model, ckpt = collective(comm, setup, model)
 
     K = int(model.n_classes)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from theanompi.errors import UserError
+from theanompi.hosts import Placement
 
 __all__ = ["find_mpirun", "mpirun_command", "mpirun_env", "relaunch"]
 
@@ -27,18 +27,22 @@ def find_mpirun() -> str:
     return found
 
 
-def mpirun_command(n: int, argv: Sequence[str]) -> list[str]:
-    """``mpirun -n n [--oversubscribe] --bind-to none <argv>``.
+def mpirun_command(n: int, argv: Sequence[str], placement: Placement | None = None) -> list[str]:
+    """``mpirun -n n [hosts] --bind-to none [--oversubscribe] [mpi args] <argv>``.
 
-    ``--oversubscribe`` only when n exceeds the cores; ``--bind-to none`` lets
-    each rank's BLAS threads float (Open MPI would pin ranks to one core each).
+    ``placement`` (default: :meth:`Placement.from_env`, which the CLI's ``--hostfile``,
+    ``-H`` and ``--mpi-args`` fill; inside a Slurm allocation mpirun reads it itself) says
+    where the ranks go. ``--oversubscribe`` only on this machine when n exceeds its cores;
+    ``--bind-to none`` lets each rank's BLAS threads float (Open MPI would pin ranks to one
+    core each).
     """
     if n < 1:
         raise UserError(f"-n must be >= 1, got {n}")
-    cmd = [find_mpirun(), "-n", str(n), "--bind-to", "none"]
-    if n > (os.cpu_count() or 1):
+    placement = Placement.from_env() if placement is None else placement
+    cmd = [find_mpirun(), "-n", str(n), *placement.mpirun_args(n), "--bind-to", "none"]
+    if not placement.hosts and n > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
-    return cmd + list(argv)
+    return cmd + list(placement.mpi_args) + list(argv)
 
 
 def mpirun_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -52,11 +56,33 @@ def mpirun_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def relaunch(n: int, argv: Sequence[str]) -> int:
-    """Run ``python -m theanompi.cli <argv>`` on n ranks and return mpirun's exit code."""
-    cmd = mpirun_command(n, [sys.executable, "-m", "theanompi.cli", *argv])
+def relaunch(
+    n: int,
+    argv: Sequence[str],
+    *,
+    max_restarts: int = 0,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    record_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
+    (:mod:`theanompi.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures)
+    and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
+    ``--resume`` from the latest checkpoint in ``checkpoint_dir``."""
+    from theanompi.supervise import run_with_restarts
+
     env = mpirun_env() | {"THEANOMPI_LAUNCHED": str(n)}
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+
+    def build(resume: bool) -> list[str]:
+        args = list(argv)
+        if resume:  # a restart continues the run: never --overwrite what it wrote
+            args = [a for a in args if a != "--overwrite"]
+            args += [] if "--resume" in args else ["--resume"]
+        return mpirun_command(n, [sys.executable, "-m", "theanompi.cli", *args])
+
+    return run_with_restarts(
+        build,
+        env,
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        record_dir=record_dir,
+    )

@@ -193,7 +193,12 @@ def evaluate(
     if comm is not None:
         from mpi4py import MPI
 
-        seconds = comm.allreduce(seconds, op=MPI.MAX)
+        # a buffer Allreduce, not mpi4py's pickled allreduce: the first of those on a
+        # communicator makes mpi4py's private duplicate of it, a collective wait that holds
+        # the GIL, which would starve the stall watchdog's thread while a rank is missing
+        t = np.array([seconds], dtype=np.float64)
+        comm.Allreduce(MPI.IN_PLACE, t, op=MPI.MAX)
+        seconds = float(t[0])
         losses = [gl for part in comm.allgather(losses) for gl in part]
         parts = comm.gather(preds, root=0) if keep_predictions else None
         preds = [gp for part in parts for gp in part] if parts is not None else []

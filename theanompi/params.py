@@ -1,5 +1,8 @@
 """Parameter values across ranks: read/write shared variables, broadcast, layout and identity checks,
-and one fused float32 buffer over a parameter list (for the point-to-point rules)."""
+and one fused float32 buffer over a parameter list (for the point-to-point rules).
+
+With the JAX backend the shared variables hold device arrays: reading copies them to host
+numpy arrays and writing puts them back on the device, so the exchangers see numpy only."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from theanompi.checkpoint import array_names
 from theanompi.errors import ConfigError
 
 __all__ = [
+    "on_device",
+    "to_device",
     "get_values",
     "set_values",
     "bcast_values",
@@ -23,15 +28,44 @@ __all__ = [
 ]
 
 
+def on_device(value: Any) -> bool:
+    """Whether a shared variable's value is a JAX device array (not a numpy array)."""
+    return not isinstance(value, np.ndarray) and hasattr(value, "block_until_ready")
+
+
+def to_device(vars_: Sequence[Any]) -> None:
+    """Move the values of shared variables onto the default JAX device (once; stays there)."""
+    import jax
+
+    for v in vars_:
+        if not on_device(v.get_value(borrow=True)):
+            # set_value would filter the value back to numpy: write the container's storage;
+            # device_put may read (or alias) its source later: give it a private copy
+            v.container.storage[0] = jax.device_put(np.array(v.get_value(borrow=True)))
+
+
 def get_values(vars_: Sequence[Any]) -> list[np.ndarray]:
-    """Current values of shared variables (``borrow=True``: no copy, do not keep them)."""
-    return [v.get_value(borrow=True) for v in vars_]
+    """Current values of shared variables as numpy arrays (``borrow=True``: no copy of a host
+    value, do not keep them; a device value is copied to a new host array)."""
+    out = []
+    for v in vars_:
+        a = v.get_value(borrow=True)
+        out.append(np.array(a) if on_device(a) else a)
+    return out
 
 
 def set_values(vars_: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
-    """``v.set_value(a, borrow=True)`` for each pair."""
+    """``v.set_value(a, borrow=True)`` for each pair; a variable on the JAX device gets a
+    device copy of ``a`` instead."""
     for v, a in zip(vars_, arrays, strict=True):
-        v.set_value(a, borrow=True)
+        cur = v.get_value(borrow=True)
+        if on_device(cur):
+            import jax
+
+            # a private copy: device_put may read (or alias) it after the caller reuses ``a``
+            v.container.storage[0] = jax.device_put(np.array(a, dtype=cur.dtype, copy=True))
+        else:
+            v.set_value(a, borrow=True)
 
 
 def bcast_values(vars_: Sequence[Any], comm: Any, root: int = 0) -> None:
@@ -41,7 +75,7 @@ def bcast_values(vars_: Sequence[Any], comm: Any, root: int = 0) -> None:
     for v in vars_:
         a = np.array(v.get_value(borrow=True), copy=True, order="C")
         comm.Bcast(a, root=root)
-        v.set_value(a, borrow=True)
+        set_values([v], [a])
 
 
 def _layout(vars_: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
@@ -138,7 +172,7 @@ class ParamBuffer:
     def gather(self) -> np.ndarray:
         """Copy the shared variables' values into :attr:`data` and return it."""
         for p, a, b in zip(self.params, self.offsets[:-1], self.offsets[1:], strict=True):
-            self.data[a:b] = p.get_value(borrow=True).ravel()
+            self.data[a:b] = np.asarray(p.get_value(borrow=True)).ravel()
         return self.data
 
     def split(self, data: np.ndarray) -> list[np.ndarray]:
@@ -154,4 +188,4 @@ class ParamBuffer:
         for p, shape, a, b in zip(
             self.params, self.shapes, self.offsets[:-1], self.offsets[1:], strict=True
         ):
-            p.set_value(np.array(src[a:b], dtype=np.float32).reshape(shape), borrow=True)
+            set_values([p], [np.array(src[a:b], dtype=np.float32).reshape(shape)])

@@ -1,4 +1,4 @@
-"""Set PyTensor up before its first import: float32, C linker, real BLAS, per-rank compile dir.
+"""Set PyTensor up before its first import: float32, C linker, real BLAS, per-node compile dir.
 
 PyTensor's C ``Gemm``/``Gemv`` call the Fortran symbols ``sgemm_`` etc.  The
 ``scipy-openblas32`` wheel (a pip dependency) ships a full OpenBLAS whose symbols
@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from theanompi.comm import local_rank_from_env, local_size_from_env
+from theanompi.comm import local_size_from_env
 
 __all__ = [
     "configure",
@@ -24,11 +26,15 @@ __all__ = [
     "blas_ldflags",
     "blas_symbol_prefix",
     "cache_root",
+    "compile_dir",
+    "CompileTurn",
     "keep_freed_memory",
+    "fit_threads_to_node",
     "unconfigured_env",
 ]
 
 _configured = False
+WAIT_POLL_S = 0.02  # how often a rank waiting for its node's compile looks again
 #: environment variables as they were before :func:`configure` changed them (None: unset)
 _BEFORE: dict[str, str | None] = {}
 
@@ -53,6 +59,59 @@ def _set_env(var: str, value: str) -> None:
 def cache_root() -> Path:
     """Base folder for PyTensor's compile caches (``$THEANOMPI_CACHE`` or ``~/.cache/theanompi``)."""
     return Path(os.environ.get("THEANOMPI_CACHE", Path.home() / ".cache" / "theanompi"))
+
+
+def compile_dir() -> Path:
+    """This node's PyTensor compile dir, shared by its ranks: ``<cache_root>/pytensor/<host>``.
+
+    With ``$THEANOMPI_CACHE`` on a file system shared by the nodes, each node still keeps its
+    own folder (nodes may differ in compiler or CPU); the ranks of one node share it, and
+    :class:`CompileTurn` lets the node's first rank compile before the others load.
+    """
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
+    return cache_root() / "pytensor" / host
+
+
+class CompileTurn:
+    """Compile once per node: the node's first compiling rank compiles into the shared
+    :func:`compile_dir`, the node's other ranks wait at a node barrier, then load the cache.
+
+    Creating it is collective over ``comm`` (every rank, ``compiles=False`` for ranks that
+    build no model, e.g. a parameter server); ``with turn:`` is collective over the compiling
+    ranks of each node. Wrap the whole set-up that compiles, with no collective inside::
+
+        turn = CompileTurn(comm, compiles=server is None)   # before any set-up
+        with turn:                                          # later, on compiling ranks
+            model.build(batch_size)
+
+    An exception inside still releases the others (they then compile, or fail, themselves).
+    """
+
+    def __init__(self, comm: object, *, compiles: bool = True) -> None:
+        from mpi4py import MPI
+
+        from theanompi.comm import node_comm
+
+        node = node_comm(comm)
+        self.comm = node.Split(0 if compiles else MPI.UNDEFINED, node.Get_rank())
+        self.first = compiles and self.comm.Get_rank() == 0
+
+    def _barrier(self) -> None:
+        """A node barrier that sleeps while it waits: MPI's spins, and the waiting ranks
+        would take the cores the compiling rank needs (measured: 4 ranks on 2 cores, the
+        compile several times slower)."""
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            time.sleep(WAIT_POLL_S)
+
+    def __enter__(self) -> CompileTurn:
+        if self.comm.Get_size() > 1 and not self.first:
+            self._barrier()  # the node's first rank is compiling
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.comm.Get_size() > 1 and self.first:
+            self._barrier()  # compiled (or failed): let the others load the cache
 
 
 @functools.cache
@@ -141,19 +200,52 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, 1 << 30))
 
 
+def _node_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def fit_threads_to_node(local_size: int) -> int:
+    """After MPI starts: BLAS and OpenMP threads per rank = this node's cores / ``local_size``
+    (its ranks, from MPI: :func:`theanompi.comm.local_size`), at least 1.
+
+    :func:`configure` guessed from the launcher's environment before MPI started; this
+    corrects the guess where that environment lacked or misstated it (srun, other MPIs).
+    Threads the user set (``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS``) are left alone.
+    Returns the threads per rank now in force.
+    """
+    n = max(1, _node_cores() // max(1, local_size))
+    ours = [v for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if _BEFORE.get(v, "") is None]
+    if "OPENBLAS_NUM_THREADS" not in ours:
+        return int(os.environ.get("OPENBLAS_NUM_THREADS", "0") or 0) or n
+    for var in ours:
+        os.environ[var] = str(n)  # OpenMP reads it when its runtime loads (the first C Op)
+    lib = _openblas_library()
+    if lib is not None:
+        import ctypes
+
+        prefix = "scipy_" if blas_symbol_prefix() else ""
+        setter = getattr(ctypes.CDLL(str(lib)), f"{prefix}openblas_set_num_threads", None)
+        if setter is not None:
+            setter(n)
+    return n
+
+
 def configure(*, blas_threads: int | None = None) -> None:
     """Configure PyTensor for this process; call before ``import pytensor``.
 
-    User settings in ``PYTENSOR_FLAGS`` win over ours. The compile dir is per
-    local rank so that ranks never wait on (or corrupt) each other's lock.
+    User settings in ``PYTENSOR_FLAGS`` win over ours. The compile dir is per node
+    (:func:`compile_dir`), shared by the node's ranks: PyTensor's lock keeps them from
+    corrupting it and :class:`CompileTurn` from compiling the same code twice.
     BLAS threads default to cores / ranks-on-this-node, at least 1.
     """
     global _configured
     if _configured:
         return
-    local_rank = local_rank_from_env()
     if blas_threads is None:
-        blas_threads = max(1, (os.cpu_count() or 1) // max(1, local_size_from_env()))
+        blas_threads = max(1, _node_cores() // max(1, local_size_from_env()))
     threads = {"OPENBLAS_NUM_THREADS": str(blas_threads), "OMP_NUM_THREADS": str(blas_threads)}
     # Two thread pools share the cores: OpenBLAS's (dense layers) and OpenMP's (the C Ops of
     # theanompi.models.ops). Idle threads of either must sleep at once rather than spin, or
@@ -168,7 +260,7 @@ def configure(*, blas_threads: int | None = None) -> None:
         "linker": "cvm",
         "mode": "FAST_RUN",
         "openmp": "True",  # large elementwise ops on the same OpenMP threads as our C Ops
-        "base_compiledir": str(cache_root() / "pytensor" / f"rank{local_rank}"),
+        "base_compiledir": str(compile_dir()),
     }
     user = os.environ.get("PYTENSOR_FLAGS", "")
     user_keys = {kv.split("=", 1)[0].strip() for kv in user.split(",") if "=" in kv}

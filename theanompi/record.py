@@ -2,7 +2,9 @@
 
 Each line has a ``kind``: ``"start"`` (run settings), ``"step"`` (a window of
 ``print_freq`` steps: loss, error, images/s, ms in compute / exchange / data
-wait, lr), ``"epoch"`` (train and val metrics of a finished epoch) or ``"end"``.
+wait, lr), ``"epoch"`` (train and val metrics of a finished epoch), ``"end"``, or
+``"restart"`` (written by the ``tmpi train -n N --max-restarts K`` launcher between two
+attempts: :func:`append_entry`).
 Lines are flushed as written, so a crashed run keeps everything up to its last
 step; :func:`read_record` skips a torn last line.
 
@@ -22,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from theanompi.errors import resource_error
 from theanompi.io import atomic_write
 
-__all__ = ["RECORD_NAME", "RecordWriter", "read_record", "record_file"]
+__all__ = ["RECORD_NAME", "RecordWriter", "append_entry", "read_record", "record_file"]
 
 RECORD_NAME = "record.jsonl"
 
@@ -72,6 +75,19 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def append_entry(record_dir: str | Path, kind: str, **fields: Any) -> None:
+    """Append one entry to ``<record_dir>/record.jsonl`` while no :class:`RecordWriter` has it
+    open (the launcher, between two attempts of a job)."""
+    path = Path(record_dir) / RECORD_NAME
+    entry = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    except OSError as err:
+        raise resource_error(err, "the training record", path) or err from None
+
+
 class RecordWriter:
     """Append JSON lines to ``<record_dir>/record.jsonl``; a no-op when ``enabled`` is False.
 
@@ -92,6 +108,15 @@ class RecordWriter:
         self._fh = None
         if not enabled:
             return
+        try:
+            self._open(keep_before_epoch)
+        except OSError as err:
+            raise self._refused(err) from None
+
+    def _refused(self, err: OSError) -> Exception:
+        return resource_error(err, "the training record", self.path, "output.record_dir") or err
+
+    def _open(self, keep_before_epoch: int | None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if keep_before_epoch is None:
             kept: list[dict[str, Any]] = []
@@ -110,8 +135,11 @@ class RecordWriter:
         if self._fh is None:
             return
         entry = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
-        self._fh.write(json.dumps(entry, sort_keys=True) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            self._fh.flush()
+        except OSError as err:  # a torn last line is skipped by read_record
+            raise self._refused(err) from None
 
     def close(self) -> None:
         if self._fh is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +14,13 @@ from theanompi.checkpoint import (
     Checkpoint,
     checkpoint_path,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     rank_state_path,
     save_arrays,
     save_checkpoint,
 )
-from theanompi.errors import ConfigError
+from theanompi.errors import ConfigError, ResourceError, resource_error
 from theanompi.params import bcast_values, get_values, set_values
 from theanompi.rng import get_rng_states, set_rng_states
 
@@ -42,57 +45,112 @@ class Snapshotter:
         *,
         local_opt: bool,
         meta: dict[str, Any] | None = None,
+        keep_last: int = 0,
     ) -> None:
         self.dir = Path(directory)
         self.freq = int(freq)
+        self.keep_last = int(keep_last)  # 0: keep every checkpoint
         self.comm, self.model = comm, model
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.local_opt = local_opt and self.size > 1
         self.meta = dict(meta or {})  # written into every checkpoint (config, rule ...)
 
     def due(self, epoch_done: int, n_epochs: int) -> bool:
-        """Checkpoint after ``epoch_done`` finished epochs? (every ``snapshot_freq``, and the last)."""
-        if self.freq <= 0:
-            return False
-        return epoch_done % self.freq == 0 or epoch_done == n_epochs
+        """Checkpoint after ``epoch_done`` finished epochs? Every ``snapshot_freq`` epochs and
+        after the last; ``snapshot_freq: 0``: only after the last."""
+        if epoch_done == n_epochs:
+            return True
+        return self.freq > 0 and epoch_done % self.freq == 0
 
-    def save(self, epoch_done: int, step: int, extra: dict[str, Any] | None = None) -> Path:
-        """Collective: write ``epoch_{epoch_done:04d}.npz`` (+ side files); returns its path."""
-        path = checkpoint_path(self.dir, epoch_done)
+    def save(
+        self,
+        epoch_done: int,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        step_in_epoch: int = 0,
+    ) -> Path:
+        """Collective: write ``epoch_{epoch_done:04d}.npz`` (``..._step_{k:05d}.npz`` for a
+        mid-epoch checkpoint after ``step_in_epoch`` steps of the next epoch), with the side
+        files, then drop all but the last ``keep_last``; returns its path.
+
+        A full disk or a refused write on any rank raises the same one-line
+        :class:`~theanompi.errors.ResourceError` on every rank, and leaves neither the
+        main file nor a side file of this checkpoint behind.
+        """
+        path = checkpoint_path(self.dir, epoch_done, step_in_epoch)
         rngs = get_rng_states(self.model)
-        if self.size > 1 and self.rank > 0:
+        side = rank_state_path(path, self.rank) if self.size > 1 and self.rank > 0 else None
+        err: str | None = None
+        if side is not None:
             opt = (
                 [np.asarray(a) for a in get_values(self.model.opt_state)] if self.local_opt else []
             )
-            save_arrays(
-                rank_state_path(path, self.rank),
-                [],
-                opt,
-                {
-                    "rank": self.rank,
-                    "world_size": self.size,
-                    "epoch": epoch_done,
-                    "step": step,
-                    "rng": rngs,
-                    "local_opt": self.local_opt,
-                },
+            info = {
+                "rank": self.rank,
+                "world_size": self.size,
+                "epoch": epoch_done,
+                "step": step,
+                "step_in_epoch": step_in_epoch,
+                "rng": rngs,
+                "local_opt": self.local_opt,
+            }
+            err = _write(
+                lambda: save_arrays(side, [], opt, info), f"rank {self.rank} checkpoint state", side
             )
-        if self.size > 1:
-            self.comm.Barrier()
-        if self.rank == 0:
+        err = self._first_error(err)
+        if err is None and self.rank == 0:
             meta = {
                 "epoch": epoch_done,
                 "step": step,
+                "step_in_epoch": step_in_epoch,
                 "world_size": self.size,
                 "rng": rngs,
                 "local_opt": self.local_opt,
                 **self.meta,
                 **(extra or {}),
             }
-            save_checkpoint(path, self.model, meta)
+            err = _write(lambda: save_checkpoint(path, self.model, meta), "checkpoint", path)
+        err = self._first_error(err)
+        if err is not None:
+            if side is not None:
+                with contextlib.suppress(OSError):
+                    side.unlink()
+            failed = ResourceError(err)
+            failed.agreed = True  # the same on every rank
+            raise failed
+        if self.rank == 0:
+            self._prune()
         if self.size > 1:
             self.comm.Barrier()
         return path
+
+    def _first_error(self, err: str | None) -> str | None:
+        """Collective: the lowest rank's error (or ``None``), the same on every rank."""
+        if self.size == 1:
+            return err
+        from mpi4py import MPI
+
+        # a buffer allreduce first: mpi4py's pickled collectives can hold the GIL while they
+        # wait, which would starve the stall watchdog's thread; the text only on a failure
+        flag = np.array([int(err is not None)], dtype=np.int32)
+        out = np.empty_like(flag)
+        self.comm.Allreduce(flag, out, op=MPI.MAX)
+        if not out[0]:
+            return None
+        return next((e for e in self.comm.allgather(err) if e is not None), None)
+
+    def _prune(self) -> None:
+        """Rank 0: keep the last ``keep_last`` checkpoints; drop side files without a main file."""
+        found = list_checkpoints(self.dir)
+        drop = found[: -self.keep_last] if self.keep_last > 0 else []
+        for p in drop:  # the main file first: a side file alone is never picked (and swept below)
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        mains = {p.stem for p in found} - {p.stem for p in drop}
+        for p in self.dir.glob("epoch_*.rank*.npz"):
+            if p.name.split(".rank")[0] not in mains:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
 
     def restore(self, path: Path | None = None) -> Checkpoint:
         """Collective: load ``path`` (default: the latest) into the model on every rank.
@@ -160,3 +218,15 @@ class Snapshotter:
                 flush=True,
             )
         return ck
+
+
+def _write(save: Callable[[], Any], what: str, path: Path) -> str | None:
+    """Run ``save``; a full disk or refused write becomes its one-line message (else ``None``)."""
+    try:
+        save()
+    except OSError as err:
+        res = resource_error(err, what, path, "output.checkpoint_dir")
+        if res is None:
+            raise
+        return str(res)
+    return None

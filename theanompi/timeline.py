@@ -11,7 +11,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from theanompi.errors import ConfigError
+from theanompi.errors import ConfigError, ResourceError, resource_error
 from theanompi.io import atomic_write
 
 __all__ = ["Timeline", "DEFAULT_MAX_EVENTS"]
@@ -207,11 +207,23 @@ class Timeline:
             everyone = self._comm.gather(mine, root=0)
         else:
             everyone = [mine]
-        if self.rank != 0:
-            return None
-        with atomic_write(self.path) as tmp, open(tmp, "w") as fh:
-            _write_trace(fh, everyone, self._trace_info(everyone))
-        return self.path
+        err: str | None = None
+        if self.rank == 0:
+            try:
+                with atomic_write(self.path) as tmp, open(tmp, "w") as fh:
+                    _write_trace(fh, everyone, self._trace_info(everyone))
+            except OSError as exc:
+                res = resource_error(exc, "the timeline", self.path, "output.timeline")
+                if res is None:
+                    raise
+                err = str(res)
+        if self._comm is not None and self.size > 1:  # every rank stops alike on a full disk
+            err = self._comm.bcast(err, root=0)
+        if err is not None:
+            failed = ResourceError(err)
+            failed.agreed = True
+            raise failed
+        return self.path if self.rank == 0 else None
 
     def _trace_info(self, everyone: list[dict[str, Any]]) -> dict[str, Any]:
         return {

@@ -29,10 +29,14 @@ def create_rule(cfg: Any) -> Any:
 
 
 def build_model(
-    section: Any, input_shape: tuple[int, int, int], batch_size: int, model: Any = None
+    section: Any,
+    input_shape: tuple[int, int, int],
+    batch_size: int,
+    model: Any = None,
+    backend: str = "c",
 ) -> Any:
     """``create_model(section)`` (or the given model), checked against the data's input shape
-    and compiled for ``batch_size``."""
+    and compiled for ``batch_size`` by ``backend`` (``training.backend``)."""
     if model is None:
         from theanompi.models import create_model
 
@@ -42,11 +46,18 @@ def build_model(
             f"model {section.name!r} takes inputs {tuple(model.input_shape)} but the data gives "
             f"{tuple(input_shape)}; set model.input_size / channels to match"
         )
-    model.build(int(batch_size))
+    model.build(int(batch_size), backend=backend)
     return model
 
 
-def run(cfg: Any, *, resume: bool = False, comm: Any = None, model: Any = None) -> dict[str, Any]:
+def run(
+    cfg: Any,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    comm: Any = None,
+    model: Any = None,
+) -> dict[str, Any]:
     """Train ``cfg`` with its sync rule on the ranks of ``comm`` (default: the world).
 
     Parameters
@@ -54,7 +65,11 @@ def run(cfg: Any, *, resume: bool = False, comm: Any = None, model: Any = None) 
     cfg
         A validated :class:`theanompi.config.Config`.
     resume
-        Continue from the latest checkpoint in ``cfg.output.checkpoint_dir``.
+        Continue from the latest checkpoint in ``cfg.output.checkpoint_dir``; the config
+        stored there is compared with ``cfg`` first (:mod:`theanompi.rundir`).
+    overwrite
+        Delete an earlier run's checkpoints and record in the run dir first; without it
+        (or ``resume``) a run dir holding a run is refused.
     comm
         The job's communicator.
     model
@@ -72,29 +87,54 @@ def run(cfg: Any, *, resume: bool = False, comm: Any = None, model: Any = None) 
 
     from theanompi.data import TrainLoader, ValLoader
     from theanompi.eval import collective
+    from theanompi.pytensor_env import CompileTurn
+    from theanompi.startup import check_nodes
     from theanompi.timeline import Timeline
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rule = create_rule(cfg)
     rule.check_world(comm.Get_size())
+    from theanompi.rundir import check_run_dir
+
+    n_workers = rule.n_workers(comm.Get_size())
+    check_run_dir(comm, cfg, resume=resume, overwrite=overwrite, n_workers=n_workers)
     wcomm = rule.worker_comm(comm)
     server = rule.server(comm)
     timeline = Timeline(cfg.output.timeline or None, comm)
+    collective(comm, check_nodes, comm, str(cfg.data.dir), str(cfg.output.run_dir))
+    turn = CompileTurn(comm, compiles=server is None)  # compile once per node
 
     def setup() -> tuple[Any, Any, Any] | None:
         if server is not None:
             return None
         rank, size = wcomm.Get_rank(), wcomm.Get_size()
-        train = TrainLoader(cfg, rank, size)
-        val = ValLoader(cfg, rank, size)
-        return train, val, build_model(cfg.model, train.input_shape, cfg.model.batch_size, model)
+        with turn:
+            train = TrainLoader(cfg, rank, size)
+            val = ValLoader(cfg, rank, size)
+            built = build_model(
+                cfg.model, train.input_shape, cfg.model.batch_size, model, cfg.training.backend
+            )
+        if cfg.data.verify == "all":  # --verify-data: every batch file, shared over the ranks
+            t0 = MPI.Wtime()
+            n = train.ds.verify(rank, size) + val.ds.verify(rank, size)
+            if rank == 0:
+                total = len(train.ds.files) + len(val.ds.files)
+                print(
+                    f"verify-data: {total} batch files match the manifest digests "
+                    f"({n} checked here in {MPI.Wtime() - t0:.2f} s, the rest by the other ranks)",
+                    flush=True,
+                )
+        return train, val, built
 
     parts = collective(comm, setup)
-    if server is not None:
-        mine = server.serve()
-    else:
-        train, val, model = parts
-        mine = _fit(cfg, rule, wcomm, train, val, model, timeline, resume)
+    from theanompi.watchdog import Watchdog
+
+    with Watchdog(comm, float(cfg.training.stall_timeout)) as watchdog:
+        if server is not None:
+            mine = server.serve()
+        else:
+            train, val, model = parts
+            mine = _fit(cfg, rule, wcomm, train, val, model, timeline, resume, watchdog)
     timeline.close()
     # every rank returns the first worker's summary, with what the servers add (serve_s)
     everyone = comm.allgather((server is not None, mine))
@@ -106,7 +146,15 @@ def run(cfg: Any, *, resume: bool = False, comm: Any = None, model: Any = None) 
 
 
 def _fit(
-    cfg: Any, rule: Any, comm: Any, train: Any, val: Any, model: Any, timeline: Any, resume: bool
+    cfg: Any,
+    rule: Any,
+    comm: Any,
+    train: Any,
+    val: Any,
+    model: Any,
+    timeline: Any,
+    resume: bool,
+    watchdog: Any = None,
 ) -> dict[str, Any]:
     """Start values (rank 0's or the checkpoint's), record, then the Trainer's loop."""
     from theanompi.params import bcast_values, check_same_layout
@@ -131,11 +179,13 @@ def _fit(
         model,
         local_opt=rule.local_opt_state,
         meta=rule_meta,
+        keep_last=int(cfg.output.keep_last),
     )
-    start_epoch, step, last_ckpt = 0, 0, None
+    start_epoch, step, last_ckpt, start_in_epoch = 0, 0, None, 0
     if resume:
         ck = snap.restore()
         start_epoch, step, last_ckpt = ck.epoch, ck.step, str(ck.path)
+        start_in_epoch = int(ck.meta.get("step_in_epoch", 0))  # a mid-epoch checkpoint
         log(f"resumed from {ck.path} (epoch {start_epoch}, step {step})")
         if start_epoch >= n_epochs:
             log(
@@ -189,9 +239,12 @@ def _fit(
             n_epochs=n_epochs,
             print_freq=int(cfg.training.print_freq),
             check_every=int(cfg.weight_exchange.check_every),
+            checkpoint_every_steps=int(cfg.output.checkpoint_every_steps),
+            checkpoint_every_minutes=float(cfg.output.checkpoint_every_minutes),
         ),
+        watchdog=watchdog,
     )
     try:
-        return trainer.fit(start_epoch, step, last_ckpt)
+        return trainer.fit(start_epoch, step, last_ckpt, start_in_epoch)
     finally:
         record.close()

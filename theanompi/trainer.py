@@ -4,16 +4,21 @@ progress lines, the record, the timeline, validation and checkpoints. A sync rul
 
 from __future__ import annotations
 
+import math
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from theanompi.data._fault import fault_point
+from theanompi.errors import DivergedError, ResourceError
 from theanompi.metrics import validate
 from theanompi.params import assert_identical, get_values, set_values
 from theanompi.progress import Progress, StepStats
 from theanompi.signals import StopFlag
+from theanompi.watchdog import Watchdog
 
 __all__ = ["Trainer", "LoopSettings", "wtime"]
 
@@ -32,6 +37,8 @@ class LoopSettings:
     n_epochs: int
     print_freq: int = 10
     check_every: int = 0  # assert replicas bit-identical every K steps (rules that keep them so)
+    checkpoint_every_steps: int = 0  # mid-epoch checkpoint every K steps (0: off)
+    checkpoint_every_minutes: float = 0.0  # mid-epoch checkpoint every M minutes (0: off)
 
 
 class Trainer:
@@ -57,6 +64,8 @@ class Trainer:
         :class:`~theanompi.schedule.LRSchedule` on top of the model's lr policy.
     settings
         :class:`LoopSettings`.
+    watchdog
+        :class:`~theanompi.watchdog.Watchdog` on the job's communicator (default: none).
     """
 
     def __init__(
@@ -72,6 +81,7 @@ class Trainer:
         timeline: Any,
         schedule: Any,
         settings: LoopSettings,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.model, self.rule, self.comm = model, rule, comm
         self.train, self.val, self.snap = train, val, snap
@@ -81,32 +91,100 @@ class Trainer:
         self.tag = rule.name.lower()
         self.progress = Progress(comm, train.batch_size * self.size, tag=self.tag)
         self.stats = StepStats()
+        self.wd = watchdog if watchdog is not None else Watchdog(comm, 0)
+        self.last_ckpt: str | None = None
+        self._next_ckpt_t = 0.0  # wtime() of the next minute-based checkpoint
+        self.mid_ok = bool(rule.identical_replicas)  # mid-epoch checkpoints: BSP only
+        if not self.mid_ok and self._mid_asked():
+            self.log(
+                f"note: output.checkpoint_every_* are ignored for {rule.name}: its values are "
+                "only consistent at epoch ends (checkpoints stay per epoch)"
+            )
+        # the watchdog names ranks of the job; the workers' communicator may be smaller
+        self.peers = self._world_ranks()
 
     def log(self, text: str) -> None:
         self.progress.log(f"[{self.tag}] {text}")
 
     # -- the loop ------------------------------------------------------------------------
+    def _mid_asked(self) -> bool:
+        st = self.settings
+        return st.checkpoint_every_steps > 0 or st.checkpoint_every_minutes > 0
+
+    def _world_ranks(self) -> list[int]:
+        world = getattr(self.rule, "world", None)
+        if world is None or world is self.comm or world.Get_size() == self.size:
+            return list(range(self.size))
+        from mpi4py import MPI
+
+        got = MPI.Group.Translate_ranks(
+            self.comm.Get_group(), list(range(self.size)), world.Get_group()
+        )
+        return [int(r) for r in got]
+
+    def _waiting(self, phase: str, collective: bool = True) -> Any:
+        """Context: a wait the watchdog watches, a collective over the workers by default."""
+        return self.wd.waiting(phase, self.peers if collective else None, collective=collective)
+
     def fit(
-        self, start_epoch: int = 0, step: int = 0, last_ckpt: str | None = None
+        self,
+        start_epoch: int = 0,
+        step: int = 0,
+        last_ckpt: str | None = None,
+        start_in_epoch: int = 0,
     ) -> dict[str, Any]:
-        """Train epochs ``start_epoch .. n_epochs - 1``; returns the summary (every rank)."""
+        """Train epochs ``start_epoch .. n_epochs - 1`` (the first from step ``start_in_epoch``
+        of it, after a mid-epoch checkpoint); returns the summary (every rank).
+
+        A nan/inf loss on any rank raises :class:`~theanompi.errors.DivergedError` on every
+        worker at the next agreement point (at most 10 steps later), before any checkpoint
+        of the bad values is written. A full disk or refused write of a rank-local output
+        (the record) prints one line and aborts the job with exit 4.
+        """
+        try:
+            return self._fit(start_epoch, step, last_ckpt, start_in_epoch)
+        except ResourceError as err:
+            if err.agreed or self.size == 1:
+                raise
+            _abort_job(self.rule, self.rank, err)
+            raise
+        except DivergedError as err:
+            world = getattr(self.rule, "world", None)
+            if world is not None and world.Get_size() != self.size:
+                # a serving rank (EASGD) waits for requests that will not come: end the job;
+                # worker 0 reports, the others wait for its abort to stop them
+                if self.rank == 0:
+                    print(f"tmpi: error: {err}", file=sys.stderr, flush=True)
+                    world.Abort(err.exit_code)
+                time.sleep(10)
+                world.Abort(err.exit_code)
+            raise
+
+    def _fit(
+        self, start_epoch: int, step: int, last_ckpt: str | None, start_in_epoch: int
+    ) -> dict[str, Any]:
         t_start = wtime()
         n_epochs = self.settings.n_epochs
         summary: dict[str, Any] = {"val_top1_err": None, "val_top5_err": None, "val_loss": None}
         interrupted = False
         epoch = epochs_done = start_epoch
+        self.last_ckpt = last_ckpt
+        self._next_ckpt_t = wtime() + 60 * self.settings.checkpoint_every_minutes
         with StopFlag() as stop:
             for epoch in range(start_epoch, n_epochs):
-                step, interrupted = self._epoch(epoch, step, stop)
+                k0 = start_in_epoch if epoch == start_epoch else 0
+                step, interrupted = self._epoch(epoch, step, stop, k0)
                 if interrupted:
                     break
                 v, saved = self._close_epoch(epoch, step)
                 summary.update(v)
-                last_ckpt = saved or last_ckpt
+                self.last_ckpt = saved or self.last_ckpt
                 epochs_done = epoch + 1
-        extra = self.rule.finish(self.model)
+        last_ckpt = self.last_ckpt
         s = self.stats
-        steps = step if self.rule.synchronous else int(self.comm.allreduce(len(s)))
+        with self._waiting("the rule's finish", collective=self.rule.synchronous):
+            extra = self.rule.finish(self.model)
+            steps = step if self.rule.synchronous else self._sum_over_ranks(len(s))
         summary.update(
             epochs=epochs_done,
             steps=steps,
@@ -131,56 +209,155 @@ class Trainer:
         wall = float(np.sum(s.wall))
         return self.train.batch_size * self.size * len(s) / wall if len(s) and wall > 0 else None
 
-    def _epoch(self, epoch: int, step: int, stop: StopFlag) -> tuple[int, bool]:
-        """One epoch of steps; returns the step count and whether the ranks agreed to stop."""
-        model, rule, tl, s = self.model, self.rule, self.timeline, self.stats
+    def _epoch(self, epoch: int, step: int, stop: StopFlag, k0: int = 0) -> tuple[int, bool]:
+        """One epoch of steps (from step ``k0`` of it); returns the step count and whether the
+        ranks agreed to stop."""
+        model, rule, tl, s, wd = self.model, self.rule, self.timeline, self.stats, self.wd
         n = self.train.steps_per_epoch
         print_freq = max(1, self.settings.print_freq)
         stop_every = min(print_freq, 10)  # steps between the ranks' Ctrl-C agreement
         check_every = self.settings.check_every if rule.identical_replicas else 0
+        every = self.settings.checkpoint_every_steps if self.mid_ok else 0
         model.adjust_hyperparams(epoch)
         epoch_lr = float(model.lr.get_value())
         lr = self._set_lr(epoch_lr, step, None)
         self._ep_first, self._ep_t0 = len(s), wtime()
         win_start = len(s)
         interrupted = False
-        with self.train.epoch(epoch) as batches:
-            for k in range(n):
+        bad: int | None = None  # first step with a nan/inf loss on this rank
+        with self.train.epoch(epoch, k0) as batches:
+            for k in range(k0, n):
                 lr = self._set_lr(epoch_lr, step, lr)
                 t0 = wtime()
                 x, y = next(batches)
                 t1 = wtime()
                 fault_point("step", self.rank, step)
                 loss, err = rule.train_step(model, x, y)
+                if bad is None and not math.isfinite(loss):
+                    bad = step + 1
                 t2 = wtime()
-                exch = rule.after_step(model, step + 1)
+                with self._waiting("the exchange", collective=rule.synchronous):
+                    exch = rule.after_step(model, step + 1)
+                if step == 0 or k == k0:
+                    wd.arm()  # the first step (compilation, start-up) is behind us
                 t3 = wtime()
                 step += 1
                 last = k + 1 == n
-                if (k + 1) % stop_every == 0 or last:  # one sync point less on most steps
-                    interrupted = stop.any(self.comm)
+                ckpt_due = bool(every) and (k + 1) % every == 0 and not last
+                save_mid = False
+                # the ranks agree (Ctrl-C, nan, checkpoint due) every few steps, not every step
+                if (k + 1) % stop_every == 0 or last or ckpt_due:
+                    with self._waiting("the stop agreement"):
+                        interrupted, save_mid = self._agree(stop, bad, epoch, step)
+                    save_mid = (save_mid or ckpt_due) and not last
                 t4 = wtime()
                 s.add(loss, err, (t3 - t1) - exch, exch + (t4 - t3), t1 - t0, t4 - t0)
                 tl.add("wait", t0, t1, step=step)
                 tl.add("compute", t1, t2, step=step)
                 tl.add("exchange", t2, t4, step=step)
                 if check_every and step % check_every == 0:
-                    assert_identical(model.params, self.comm, step)
+                    with self._waiting("the replica check"):
+                        assert_identical(model.params, self.comm, step)
                 if (k + 1) % print_freq == 0 or last:
-                    entry = self.progress.window(
-                        s.since(win_start),
-                        epoch=epoch,
-                        n_epochs=self.settings.n_epochs,
-                        step_in_epoch=k + 1,
-                        steps_per_epoch=n,
-                        step=step,
-                        lr=lr,
-                    )
+                    with self._waiting("the progress line"):
+                        entry = self.progress.window(
+                            s.since(win_start),
+                            epoch=epoch,
+                            n_epochs=self.settings.n_epochs,
+                            step_in_epoch=k + 1,
+                            steps_per_epoch=n,
+                            step=step,
+                            lr=lr,
+                        )
                     self.record.write("step", **entry)
                     win_start = len(s)
+                if self.mid_ok and (save_mid or interrupted):  # Ctrl-C: that step's checkpoint
+                    self._save_mid(epoch, k + 1, step)
                 if interrupted:
                     break
         return step, interrupted
+
+    def _agree(self, stop: StopFlag, bad: int | None, epoch: int, step: int) -> tuple[bool, bool]:
+        """Collective: (stop?, minute checkpoint due?); raises ``DivergedError`` on every rank
+        when any rank saw a nan/inf loss. One small allreduce, as the old stop agreement."""
+        big = np.iinfo(np.int64).max
+        t_due = self.mid_ok and self.settings.checkpoint_every_minutes > 0
+        mine = np.array(
+            [
+                -int(stop.requested),
+                big if bad is None else bad * self.size + self.rank,
+                -int(t_due and self.rank == 0 and wtime() >= self._next_ckpt_t),
+            ],
+            dtype=np.int64,
+        )
+        if self.size > 1:
+            from mpi4py import MPI
+
+            out = np.empty_like(mine)
+            self.comm.Allreduce(mine, out, op=MPI.MIN)
+            mine = out
+        if mine[1] != big:
+            bad_step, bad_rank = divmod(int(mine[1]), self.size)
+            bad_rank = self.peers[bad_rank]  # named in the job (EASGD: its server is rank 0)
+            raise DivergedError(
+                f"the loss became nan/inf at step {bad_step} (epoch {epoch + 1}) on rank "
+                f"{bad_rank}; training stopped; last good checkpoint: "
+                f"{self.last_ckpt or 'none'} (lower the learning rate, then --resume from it "
+                "or start again)"
+            )
+        return bool(mine[0]), bool(mine[2])
+
+    def _check_params(self, epoch: int, step: int) -> None:
+        """Collective, before a checkpoint: ``DivergedError`` on every rank when any rank's
+        parameters hold a nan/inf (a finite loss can still leave inf weights behind)."""
+        bad = next(
+            (
+                i
+                for i, p in enumerate(self.model.params)
+                if not np.isfinite(p.get_value(borrow=True)).all()
+            ),
+            -1,
+        )
+        key = np.array(
+            [self.size * len(self.model.params) if bad < 0 else bad * self.size + self.rank]
+        )
+        key = key.astype(np.int64)
+        if self.size > 1:
+            from mpi4py import MPI
+
+            out = np.empty_like(key)
+            self.comm.Allreduce(key, out, op=MPI.MIN)
+            key = out
+        if key[0] < self.size * len(self.model.params):
+            i, r = divmod(int(key[0]), self.size)
+            r = self.peers[r]
+            name = getattr(self.model.params[i], "name", None) or f"#{i}"
+            raise DivergedError(
+                f"parameter {name!r} became nan/inf by step {step} (epoch {epoch + 1}) on rank "
+                f"{r}; training stopped before checkpointing it; last good checkpoint: "
+                f"{self.last_ckpt or 'none'} (lower the learning rate, then --resume from it "
+                "or start again)"
+            )
+
+    def _save_mid(self, epoch: int, k: int, step: int) -> None:
+        """Collective: a mid-epoch checkpoint after ``k`` steps of ``epoch``."""
+        t0 = wtime()
+        with self._waiting("a mid-epoch checkpoint"):
+            self._check_params(epoch, step)
+            self.last_ckpt = str(self.snap.save(epoch, step, {"mid_epoch": True}, k))
+        self._next_ckpt_t = wtime() + 60 * self.settings.checkpoint_every_minutes
+        self.timeline.add("checkpoint", t0, wtime(), step=step)
+
+    def _sum_over_ranks(self, n: int) -> int:
+        """Collective: a buffer ``Allreduce`` (a first pickled ``allreduce`` on a
+        communicator holds the GIL while it waits, which would starve the watchdog)."""
+        if self.size == 1:
+            return n
+        from mpi4py import MPI
+
+        out = np.zeros(1, np.int64)
+        self.comm.Allreduce(np.array([n], np.int64), out, op=MPI.SUM)
+        return int(out[0])
 
     def _set_lr(self, epoch_lr: float, step: int, current: float | None) -> float:
         lr = self.schedule.lr(epoch_lr, step)
@@ -193,20 +370,25 @@ class Trainer:
         model, rule, tl = self.model, self.rule, self.timeline
         n_epochs = self.settings.n_epochs
         ep = self.stats.since(self._ep_first)
-        tr_loss, tr_err = self.progress.reduce_mean([ep.mean("loss"), ep.mean("err")])
-        rule.epoch_end(model)
-        values = rule.eval_values(model)
+        with self._waiting("the epoch-end merge"):
+            tr_loss, tr_err = self.progress.reduce_mean([ep.mean("loss"), ep.mean("err")])
+        with self._waiting("the rule's epoch end", collective=rule.synchronous):
+            rule.epoch_end(model)
+            values = rule.eval_values(model)
         own = None
         if values is not None:  # validate and save the rule's values, then train on our own
             own = [np.array(a, copy=True) for a in get_values(model.params)]
             set_values(model.params, values)
         t1 = wtime()
-        v = validate(model, self.val, self.comm)
+        with self._waiting("validation"):
+            v = validate(model, self.val, self.comm)
         t2 = wtime()
         tl.add("validate", t1, t2, epoch=epoch)
         saved = None
         if self.snap.due(epoch + 1, n_epochs):
-            saved = str(self.snap.save(epoch + 1, step, {"val": v}))
+            with self._waiting("the epoch checkpoint"):
+                self._check_params(epoch, step)
+                saved = str(self.snap.save(epoch + 1, step, {"val": v}))
             tl.add("checkpoint", t2, wtime(), epoch=epoch)
         if own is not None:
             set_values(model.params, own)
@@ -233,3 +415,12 @@ class Trainer:
             f"(n={v['val_n']}) | {ips or 0:,.0f} img/s" + (f" | saved {saved}" if saved else "")
         )
         return v, saved
+
+
+def _abort_job(rule: Any, rank: int, err: Exception) -> None:
+    """One rank met an error the others cannot know of: one line, then end the whole job
+    with the error's exit code (a plain exit would leave the others in a collective)."""
+    world = getattr(rule, "world", None)
+    print(f"tmpi: error on rank {rank}: {err}", file=sys.stderr, flush=True)
+    if world is not None and world.Get_size() > 1:
+        world.Abort(getattr(err, "exit_code", 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -104,6 +105,35 @@ def make_tree(root: Path, gt: str = "positional1") -> dict[str, Any]:
     }
 
 
+def make_bad_tree(root: Path) -> dict[str, str]:
+    """The fixture tree (val in class folders) plus every bad name a real tree can hold.
+
+    Returns the printable relpath -> a word its skip reason must contain.
+    """
+    make_tree(root, "folders")
+    w0, w1 = WNIDS[0], WNIDS[1]
+    d = root / "train" / w0
+    good = (d / f"{w0}_0.JPEG").read_bytes()
+    (d / "a.JPEG").symlink_to("b.JPEG")  # a.JPEG -> b.JPEG -> a.JPEG
+    (d / "b.JPEG").symlink_to("a.JPEG")
+    (d / "gone.JPEG").symlink_to("nowhere.JPEG")
+    fd = os.open(os.fsencode(d) + b"/bad\xff\xfe.JPEG", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, good)
+    os.close(fd)
+    (d / "new\nline.JPEG").write_bytes(good)
+    (d / "line\u2028sep.JPEG").write_bytes(good)
+    (root / "val" / w1 / "para\u2029sep.JPEG").write_bytes(good)
+    return {
+        f"train/{w0}/a.JPEG": "symlink loop",
+        f"train/{w0}/b.JPEG": "symlink loop",
+        f"train/{w0}/gone.JPEG": "broken symlink",
+        f"train/{w0}/bad\\xff\\xfe.JPEG": "not valid UTF-8",
+        f"train/{w0}/new\\nline.JPEG": "line break",
+        f"train/{w0}/line\\u2028sep.JPEG": "line break",
+        f"val/{w1}/para\\u2029sep.JPEG": "line break",
+    }
+
+
 def reference_decode(path: Path, size: int = S) -> np.ndarray:
     """An independent decode: EXIF transpose, RGB, shorter side to S and centre crop (ImageOps.fit)."""
     with Image.open(path) as im:
@@ -172,6 +202,7 @@ def fx() -> SimpleNamespace:
         B=B,
         WNIDS=WNIDS,
         make_tree=make_tree,
+        make_bad_tree=make_bad_tree,
         reference_decode=reference_decode,
         float_reference=float_reference,
         reference_pixels=reference_pixels,

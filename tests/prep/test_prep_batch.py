@@ -119,6 +119,60 @@ def test_resume_and_stale_plan(fx, prepped: Path, tmp_path: Path) -> None:
     assert stats["written"] == 3 and stats["reused"] == 2
 
 
+def _zero_pixels(path: Path, n: int = 1000) -> None:
+    """Zero ``n`` bytes inside the batch's pixel data, in place (the HDF5 file stays readable)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        found: list = []
+        f.visititems(lambda _, obj: found.append(obj) if isinstance(obj, h5py.Dataset) else None)
+        ds = max(found, key=lambda d: d.size or 0)
+        offset, nbytes = ds.id.get_offset(), ds.id.get_storage_size()
+    assert offset is not None and nbytes >= n + 100
+    with open(path, "r+b") as fh:
+        fh.seek(offset + 100)
+        fh.write(bytes(n))
+
+
+def test_resume_rewrites_a_corrupt_batch_and_verify_catches_it(fx, prepped: Path, tmp_path: Path):
+    """1,000 zeroed bytes: verify names the batch; resume rewrites it (digest != journal)."""
+    from prep import verify
+    from theanompi.errors import DataError
+
+    out = tmp_path / "d"
+    shutil.copytree(prepped, out)
+    checksum = io.read_manifest(out)["checksum"]
+    files = io.batch_files(out, "train")
+    before = files[1].read_bytes()
+    _zero_pixels(files[1])
+    assert files[1].read_bytes() != before and io.load_batch(files[1]).shape == (
+        3,
+        fx.S,
+        fx.S,
+        fx.B,
+    )
+    with pytest.raises(DataError, match=r"1 of 5 batches bad \(first: .*0001.hkl: content"):
+        verify.run(out)
+    stats = batch.run(out, batch_size=fx.B, size=fx.S, progress=False)
+    assert stats["written"] == 1 and stats["reused"] == 4
+    assert files[1].read_bytes() == before
+    assert verify.run(out)["checksum"] == checksum == io.read_manifest(out)["checksum"]
+
+
+def test_unrecorded_batches_are_rewritten(fx, prepped: Path, tmp_path: Path) -> None:
+    """A batch with no journal line (e.g. a crash between its rename and the append) is redone."""
+    out = tmp_path / "d"
+    shutil.copytree(prepped, out)
+    journals = sorted(out.glob("*_hkl_b*/digests-r*.txt"))
+    assert [j.parent.name for j in journals] == ["train_hkl_b4", "val_hkl_b4"]
+    lines = journals[0].read_text().splitlines()
+    assert len(lines) == 3 and all(len(ln.split()[1]) == 64 for ln in lines)
+    journals[0].write_text("\n".join(lines[1:]) + "\n0 torn-li")  # batch 0's line lost, a torn tail
+    stats = batch.run(out, batch_size=fx.B, size=fx.S, progress=False)
+    assert stats["written"] == 1 and stats["reused"] == 4
+    assert journals[0].read_text().splitlines()[-1] == lines[0]
+
+
 def test_batches_of_the_old_resampler_are_redone(fx, prepped: Path, tmp_path: Path) -> None:
     out = tmp_path / "d"
     shutil.copytree(prepped, out)
@@ -160,3 +214,56 @@ def test_batches_are_dealt_evenly_over_splits(nranks: int) -> None:
 def test_bad_options(fx, prepped: Path, kw: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         batch.run(prepped, **({"batch_size": fx.B, "size": fx.S} | kw), progress=False)
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_pipeline_never_writes_a_batch_after_a_failed_resize(
+    threaded: bool, tmp_path: Path, monkeypatch
+) -> None:
+    """A task that fails on the worker thread: that batch and every later one stay unwritten."""
+    rng = np.random.default_rng(0)
+    items: list[tuple[str, int] | None] = []
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).save(
+            tmp_path / f"{i}.jpg", quality=90
+        )
+        items.append((f"{i}.jpg", 0))
+    shape = io.batch_shape("c01b", 4, 8)
+    pipe = batch._Pipeline(4, 8, "c01b", batch._Writer(shape), threaded)
+    journal = batch._Journal(tmp_path, 0)
+    labels_ = np.zeros(4, np.int32)
+    ok = pipe.submit([*items, None], tmp_path, tmp_path / "a.hkl", labels_, journal, 0)
+    assert len(ok.result()) == 64 and (tmp_path / "a.hkl").exists()
+    real, calls = pipe.resize.resize_into, []
+
+    def flaky(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("boom")
+        return real(src, out)
+
+    monkeypatch.setattr(pipe.resize, "resize_into", flaky)
+    jobs = []
+    with pytest.raises((ValueError, RuntimeError)):  # in submit (buffer reuse) or the finish
+        for name, k in (("b.hkl", 1), ("c.hkl", 2)):
+            jobs.append(pipe.submit([*items, None], tmp_path, tmp_path / name, labels_, journal, k))
+        jobs[0].result()
+    for job in jobs:
+        with pytest.raises(RuntimeError, match="an earlier task failed"):
+            job.result()
+    pipe.close()
+    journal.close()
+    assert not (tmp_path / "b.hkl").exists() and not (tmp_path / "c.hkl").exists()
+    assert [ln.split()[0] for ln in (tmp_path / "digests-r0.txt").read_text().splitlines()] == ["0"]
+
+
+def test_pipeline_batches_equal_one_thread(fx, tree, prepped: Path) -> None:
+    """The pipelined batches hold exactly what load_image gives image by image."""
+    root, _ = tree
+    plans, scan, _ = batch.make_plans(prepped, fx.B)
+    plan = plans["train"]
+    for k, f in enumerate(io.batch_files(prepped, "train")):
+        arr = io.load_batch(f)
+        for j, it in enumerate(plan.items[k]):
+            want = batch.load_image(Path(scan["src"]) / it[0], fx.S)
+            np.testing.assert_array_equal(arr[..., j].transpose(1, 2, 0), want)

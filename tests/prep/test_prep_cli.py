@@ -70,8 +70,11 @@ def test_batch_size_not_positive(cli, tmp_path: Path, value: str) -> None:
 
 
 def _files(root: Path) -> dict[str, bytes]:
+    """Every output file's bytes, but the per-rank resume journals (``digests-r<rank>.txt``)."""
     return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith("digests-r")
     }
 
 
@@ -125,3 +128,73 @@ def test_flag_error_under_mpirun_is_one_line(mpirun, tmp_path: Path) -> None:
     assert proc.returncode == 2
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("tmpi: error")]
     assert len(errors) == 1 and "--batch-size" in errors[0], proc.stderr
+
+
+def test_bad_tree_runs_through_without_traceback(fx, cli, tmp_path: Path) -> None:
+    """Symlink loop, non-UTF-8 and line-break names: `prep all` succeeds and lists them."""
+    import json
+
+    bad = fx.make_bad_tree(tmp_path / "src")
+    out = tmp_path / "o"
+    proc = cli("prep", "all", "--src", str(tmp_path / "src"), "--out", str(out), *SMALL)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "skipped 9" in proc.stdout and "verify: 5 batches OK" in proc.stdout, proc.stdout
+    man = json.loads((out / "misc" / "manifest.json").read_text())
+    assert set(bad) <= {s["path"] for s in man["skipped"]} and man["n_skipped"] == 9
+    again = cli("prep", "shuffle", "--out", str(out))  # the list still matches the scan
+    assert again.returncode == 0, again.stderr
+    assert cli("prep", "batch", "--out", str(out), *SMALL).returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 160 KiB tmpfs mounted on a fresh folder (root only), always unmounted afterwards."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)]
+    proc = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        if subprocess.run(["umount", str(disk)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_disk_full_is_one_line_and_leaves_no_half_file(fx, cli, small_disk: Path, ranks: int):
+    """Batches overflow the disk: one line naming the file, only complete batches, then resume."""
+    import re
+    import subprocess
+
+    from prep import batch, io
+
+    fx.make_tree(small_disk.parent / "src")
+    out = small_disk / "o"
+    big = ["--batch-size", "4", "--size", "64", "-n", str(ranks)]
+    proc = cli("prep", "all", "--src", str(small_disk.parent / "src"), "--out", str(out), *big)
+    progress = re.compile(r"^prep \w+: \d+/\d+ images, [\d,]+ img/s\s*$")
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not progress.match(ln)]
+    if ranks > 1:  # mpirun may add its own "exited with non-zero status" box: not ours
+        assert "Traceback" not in proc.stderr, proc.stderr
+        lines = [ln for ln in lines if ln.startswith("tmpi:")]
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"tmpi: error: cannot write {out}/") and "no space left" in lines[0]
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    kept = sorted(out.glob("*_hkl_b4/*.hkl"))
+    assert len(kept) < 5
+    for p in kept:  # each one whole and recorded; the resume below keeps exactly these
+        assert io.load_batch(p).shape == (3, 64, 64, 4)
+        assert int(p.stem) in batch._recorded(p.parent)
+    remount = ["mount", "-o", "remount,size=4m", str(small_disk)]
+    assert subprocess.run(remount, check=False).returncode == 0
+    proc = cli("prep", "all", "--src", str(small_disk.parent / "src"), "--out", str(out), *big)
+    assert proc.returncode == 0 and "verify: 5 batches OK" in proc.stdout, proc.stderr
+    assert f"kept {len(kept)}" in proc.stdout

@@ -90,3 +90,55 @@ def test_devkit_meta_mat_maps_ilsvrc_ids(fx, tmp_path: Path) -> None:
     res = scan.list_tree(tmp_path)
     assert [lab for _, lab in res["val"]] == [fx.WNIDS.index(ids[g]) for g in gt]
     assert "meta.mat" in res["val_labels_from"]
+
+
+def test_bad_names_and_links_are_skipped_and_listed(fx, tmp_path: Path) -> None:
+    """Symlink loop, broken link, non-UTF-8 and line-break names: skipped, listed, no traceback."""
+    import json
+
+    from prep import shuffle
+
+    bad = fx.make_bad_tree(tmp_path / "src")
+    res = scan.run(tmp_path / "src", tmp_path / "out")
+    got = {s["path"]: s["reason"] for s in res["skipped"]}
+    for path, word in bad.items():
+        assert word in got.pop(path), (path, got)
+    assert set(got) == {
+        f"train/{fx.WNIDS[2]}/{fx.WNIDS[2]}_9.JPEG",
+        f"val/{fx.WNIDS[1]}/ILSVRC2012_val_00000004.JPEG",
+    }
+    assert len(res["train"]) == 14 and len(res["val"]) == 5
+    text = (tmp_path / "out" / "misc" / "scan.json").read_text(encoding="utf-8")
+    assert json.loads(text)["skipped"] == res["skipped"]
+    assert shuffle.run(tmp_path / "out", seed=3) == 14
+    order, _ = shuffle.read_order(tmp_path / "out")  # the list matches the scan: one name a line
+    assert sorted(rel for rel, _ in order) == sorted(rel for rel, _ in res["train"])
+
+
+def test_named_ground_truth_needs_no_line_for_a_skipped_file(fx, tmp_path: Path) -> None:
+    fx.make_tree(tmp_path, "named")
+    (tmp_path / "val" / "loop.JPEG").symlink_to("loop.JPEG")
+    res = scan.list_tree(tmp_path)
+    assert [s["path"] for s in res["skipped"]] == ["val/loop.JPEG"]
+    assert len(res["val"]) == 6  # list_tree only lists; run() drops the undecodable one
+
+
+def test_bad_class_folder_is_one_error(fx, tmp_path: Path) -> None:
+    fx.make_tree(tmp_path)
+    (tmp_path / "train" / "n0\n1").mkdir()
+    with pytest.raises(DataError, match=r"n0\\n1: folder name contains a line break"):
+        scan.list_tree(tmp_path)
+    (tmp_path / "train" / "n0\n1").rmdir()
+    (tmp_path / "train" / "loop").symlink_to("loop")
+    with pytest.raises(DataError, match="symlink loop"):
+        scan.list_tree(tmp_path)
+
+
+def test_files_larger_than_the_read_buffer_are_read_by_path(fx, tmp_path: Path, monkeypatch):
+    """With a 400-byte buffer most files take the by-path check: the verdicts do not change."""
+    fx.make_tree(tmp_path / "src")
+    ref = scan.run(tmp_path / "src", tmp_path / "a")
+    sizes = [p.stat().st_size for p in (tmp_path / "src").rglob("*.JPEG")]
+    assert min(sizes) < 400 < max(sizes)
+    monkeypatch.setattr(scan, "_READ_BUFFER", 400)
+    assert scan.run(tmp_path / "src", tmp_path / "b") == ref

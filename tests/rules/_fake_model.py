@@ -45,7 +45,8 @@ class FakeModel:
     def rng_vars(self) -> list[Any]:
         return [self.noise]
 
-    def build(self, batch_size: int) -> FakeModel:
+    def build(self, batch_size: int, backend: str = "c") -> FakeModel:
+        """Numpy stands in for both compilers, so ``backend`` changes nothing."""
         self.built_with = batch_size
         return self
 

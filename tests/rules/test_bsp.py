@@ -93,7 +93,8 @@ def test_deterministic_mode_repeats_exactly(mpirun, data: Path, tmp_path: Path) 
     (_, a), (_, b) = _load(tmp_path / "a.npz", 2), _load(tmp_path / "b.npz", 2)
     for x, y in zip(a[0] + a[1], b[0] + b[1], strict=True):
         np.testing.assert_array_equal(x, y)
-    assert latest_checkpoint(tmp_path / "r1" / "checkpoints") is None  # snapshot_freq=0: none
+    # snapshot_freq=0: only after the last epoch (configs/config.yaml)
+    assert [p.name for p in list_checkpoints(tmp_path / "r1" / "checkpoints")] == ["epoch_0001.npz"]
 
 
 def test_one_rank_runs_and_reports_dropped_remainder(mpirun, data: Path, tmp_path: Path) -> None:

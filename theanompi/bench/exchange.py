@@ -6,6 +6,9 @@ a small 1 M-float set for every case, and prints one table of medians: seconds p
 exchange, algorithm bandwidth (float32 parameter bytes / s) and bus bandwidth as nccl-tests
 defines it for allreduce (``algbw * 2(N-1)/N``), plus this machine's memcpy bandwidth and
 the ratios asked for in the issue. Under mpirun already, it benchmarks that N only.
+Across hosts (``tmpi bench exchange --hostfile FILE --sizes 4``, or ``-H``), a first row gives
+the link's own bandwidth, a plain MPI ping-pong between rank 0 and the last rank, and every
+strategy's busbw is also shown as a fraction of it.
 
 The cases come from the registry (:func:`default_cases`): every strategy of
 ``theanompi.exchange.STRATEGIES``, each compressed strategy again as ``name+fp16`` (one
@@ -31,11 +34,13 @@ import numpy as np
 from theanompi.comm import under_mpirun
 from theanompi.errors import ConfigError
 
-__all__ = ["main", "alexnet_shapes", "small_shapes", "default_cases", "parse_case"]
+__all__ = ["main", "alexnet_shapes", "small_shapes", "default_cases", "parse_case", "pingpong"]
 
 GLOO = "gloo"  # torch.distributed's all_reduce, the outside reference (not one of ours)
 SMALL_SET = 8_000_000  # floats: sets below take milliseconds per exchange, so ...
 SMALL_SET_REPS = 10  # ... they get this many times --reps (a steadier median at little cost)
+PINGPONG = "pingpong"  # the row of the link's own bandwidth (set "link")
+PINGPONG_FLOATS = 16_000_000  # 64 MB a message: bandwidth-bound on any network
 
 
 def alexnet_shapes() -> list[tuple[int, ...]]:
@@ -144,12 +149,15 @@ def memcpy_bandwidth(nbytes: int, reps: int = 5) -> float:
 
 
 def _gloo_group(comm: Any) -> Any:
-    """Start torch.distributed (gloo) on the same ranks; None when torch is missing."""
+    """Start torch.distributed (gloo) on the same ranks; a string saying why not when torch is
+    missing or the ranks span hosts (its rendezvous here is on 127.0.0.1)."""
+    if len(set(comm.allgather(socket.gethostname()))) > 1:
+        return "single host only"
     try:
         import torch
         import torch.distributed as dist
     except ImportError:
-        return None
+        return "torch not installed"
     torch.set_num_threads(1)
     port = None
     if comm.Get_rank() == 0:
@@ -208,8 +216,51 @@ def _time_round_robin(
     return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
+def pingpong(comm: Any, count: int = PINGPONG_FLOATS, reps: int = 5) -> dict[str, Any] | None:
+    """The link's own bandwidth: plain ``Send``/``Recv`` of ``count`` float32 between rank 0
+    and the last rank (on another host when the job spans hosts); median one-way seconds."""
+    import socket
+
+    from mpi4py import MPI
+
+    n, rank = comm.Get_size(), comm.Get_rank()
+    hosts = comm.allgather(socket.gethostname())
+    if n < 2:
+        return None
+    last = n - 1
+
+    def one_way(buf: np.ndarray, rounds: int) -> float:
+        times = []
+        for _ in range(rounds + 1):  # the first round warms the connection up
+            comm.Barrier()
+            t = MPI.Wtime()
+            if rank == 0:
+                comm.Send(buf, dest=last, tag=7)
+                comm.Recv(buf, source=last, tag=8)
+            elif rank == last:
+                comm.Recv(buf, source=0, tag=7)
+                comm.Send(buf, dest=0, tag=8)
+            times.append((MPI.Wtime() - t) / 2)
+        return float(np.median(comm.bcast(times[1:], root=0)))
+
+    latency = one_way(np.ones(2, np.float32), 50)
+    seconds = one_way(np.ones(count, np.float32), reps)
+    return {
+        "set": "link",
+        "n": n,
+        "strategy": PINGPONG,
+        "count": count,
+        "reps": reps,
+        "seconds": seconds,
+        "latency": latency,
+        "note": f"MPI Send/Recv rank 0 ({hosts[0]}) <-> rank {last} ({hosts[last]}), one way; "
+        f"8 B: {latency * 1e6:.0f} us",
+    }
+
+
 def worker(strategies: list[str], sets: list[str], reps: int) -> list[dict[str, Any]]:
-    """Time every strategy on every set on COMM_WORLD; the same rows on every rank."""
+    """Time every strategy on every set on COMM_WORLD; the same rows on every rank (and, first,
+    the link's ping-pong bandwidth)."""
     from mpi4py import MPI
 
     from theanompi.exchange import create_exchanger
@@ -219,7 +270,10 @@ def worker(strategies: list[str], sets: list[str], reps: int) -> list[dict[str, 
     n, rank = comm.Get_size(), comm.Get_rank()
     backend = kernels().backend
     dist = _gloo_group(comm) if GLOO in strategies else None
-    rows = []
+    no_gloo = dist if isinstance(dist, str) else ""
+    dist = None if no_gloo else dist
+    link = pingpong(comm, reps=reps)
+    rows = [link] if link else []
     for set_name in sets:
         rng = np.random.default_rng(rank)
         arrays = [rng.standard_normal(s, dtype=np.float32) * 0.01 for s in SETS[set_name]()]
@@ -229,7 +283,7 @@ def worker(strategies: list[str], sets: list[str], reps: int) -> list[dict[str, 
         for name in strategies:
             if name == GLOO:
                 if dist is None:
-                    notes[name] = "torch not installed"
+                    notes[name] = no_gloo
                 else:
                     cases[name] = _GlooExchanger(dist, n)
                 continue
@@ -305,7 +359,7 @@ def _bw(row: dict[str, Any]) -> tuple[float, float]:
 
 def format_table(rows: list[dict[str, Any]], memcpy_gbs: float, reps: int) -> str:
     """The results table and the ratios of the issue's goals."""
-    counts = sorted({r.get("reps", reps) for r in rows})
+    counts = sorted({r.get("reps", reps) for r in rows if r["strategy"] != PINGPONG})
     lines = [
         f"exchange benchmark: op=mean, median of {' or '.join(map(str, counts))} exchanges "
         f"(x{SMALL_SET_REPS} for sets under {SMALL_SET:,} floats, not for gloo) between barriers, "
@@ -314,7 +368,9 @@ def format_table(rows: list[dict[str, Any]], memcpy_gbs: float, reps: int) -> st
         f"{'algbw GB/s':>10s} {'busbw GB/s':>10s}  note",
     ]
     for r in rows:
-        if "seconds" in r:
+        if r["strategy"] == PINGPONG:
+            nums = f"{r['seconds']:11.4f} {r['count'] * 4 / r['seconds'] / 1e9:10.2f} {'-':>10s}"
+        elif "seconds" in r:
             alg, bus = _bw(r)
             nums = f"{r['seconds']:11.4f} {alg:10.2f} {bus:10.2f}"
         else:
@@ -332,7 +388,8 @@ def format_table(rows: list[dict[str, Any]], memcpy_gbs: float, reps: int) -> st
     lines.append("")
     lines.append("ratios (time of the slower / time of the faster; >1 means the first wins):")
     t = {(r["set"], r["n"], r["strategy"]): r["seconds"] for r in rows if "seconds" in r}
-    for set_name, n in dict.fromkeys((r["set"], r["n"]) for r in rows):
+    link = {r["n"]: r["count"] * 4 / r["seconds"] / 1e9 for r in rows if r["strategy"] == PINGPONG}
+    for set_name, n in dict.fromkeys((r["set"], r["n"]) for r in rows if r["set"] != "link"):
 
         def g(s: str, set_name: str = set_name, n: int = n) -> float | None:
             return t.get((set_name, n, s))
@@ -353,6 +410,15 @@ def format_table(rows: list[dict[str, Any]], memcpy_gbs: float, reps: int) -> st
             v = g(GLOO) / ours[best]
             parts.append(f"best ({best}) vs gloo {v:.2f}x{_goal(v, GLOO)}")
         lines.append(f"  {set_name:8s} N={n}: " + "; ".join(parts))
+        per_link = [
+            f"{r['strategy']} {_bw(r)[1] / link[n]:.2f}"
+            for r in rows
+            if (r["set"], r["n"]) == (set_name, n) and "seconds" in r and n in link
+        ]
+        if per_link:
+            lines.append(
+                f"  {set_name:8s} N={n}: busbw / ping-pong bandwidth: " + ", ".join(per_link)
+            )
     return "\n".join(lines)
 
 
@@ -422,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 return proc.returncode or 1
             with open(out) as f:
                 rows += json.load(f)
-    rows.sort(key=lambda r: (list(SETS).index(r["set"]), r["n"]))
+    rows.sort(key=lambda r: (list(SETS).index(r["set"]) if r["set"] in SETS else -1, r["n"]))
     print(format_table(rows, memcpy_bandwidth(244_000_000) / 1e9, args.reps))
     return 0
 

@@ -41,6 +41,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default: cores)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    ap.add_argument(
+        "--backend",
+        choices=["c", "jax"],
+        default="c",
+        help="jax: also time training.backend jax (XLA, its own threads) beside C and PyTorch",
+    )
     ap.add_argument("--no-compile", action="store_true", help="skip the cold/warm compile timing")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--_compile_only", metavar="MODEL", help=argparse.SUPPRESS)
@@ -82,8 +88,8 @@ def _gemm_gflops(threads: int, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def _build_ours(sec: dict, batch: int) -> dict[str, Any]:
-    """Our model built and compiled, with one random batch and a ``step()`` to time."""
+def _build_ours(sec: dict, batch: int, backend: str = "c") -> dict[str, Any]:
+    """Our model built and compiled by ``backend``, with one random batch and a ``step()``."""
     import numpy as np
 
     from theanompi.models import create_model
@@ -91,7 +97,7 @@ def _build_ours(sec: dict, batch: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     m = create_model({**sec, "batch_size": batch})
     t_build = time.perf_counter()
-    m.build(batch)
+    m.build(batch, backend=backend)
     t_compile = time.perf_counter() - t_build
     rng = np.random.default_rng(0)
     x = rng.normal(0, 50, (batch, *m.input_shape)).astype(np.float32)
@@ -316,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, batch in cases:
         r = _build_ours(CASES[name], batch)
+        rj = _build_ours(CASES[name], batch, "jax") if args.backend == "jax" else None
         peer = None
         if not args.no_torch:
             try:
@@ -325,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                 args.no_torch = True
         ours_t: list[float] = []
         torch_t: list[float] = []
+        jax_t: list[float] = []
         for _ in range(args.rounds):
             ours_t += _timed(r["step"], args.steps)
+            if rj is not None:
+                jax_t += _timed(rj["step"], args.steps)
             if peer is not None:
                 torch_t += peer.timed(args.steps)
         if peer is not None:
@@ -344,14 +354,25 @@ def main(argv: list[str] | None = None) -> int:
             "train_gflop_per_img": r["train_flops"] / 1e9,
             "compile_s_in_process": r["compile_s"],
         }
+        if rj is not None:
+            row["jax_img_s"] = batch / statistics.median(jax_t)
+            row["jax_compile_s"] = rj["compile_s"]  # + the jit on the first (untimed) step
         rows.append(row)
-        del r
+        del r, rj
         print(
             f"{name:>10} b={batch:<4} ours {ours_ips:8.1f} img/s | torch {torch_ips:8.1f} img/s | "
             f"ours/torch {row['ratio']:.2f} | GEMM floor {floor_ips:8.1f} img/s "
             f"({row['train_gflop_per_img']:.2f} GFLOP/img)",
             flush=True,
         )
+        if "jax_img_s" in row:
+            speeds = {"C": ours_ips, "JAX": row["jax_img_s"], "PyTorch": torch_ips}
+            best = max((v, k) for k, v in speeds.items() if v == v)[1]
+            print(
+                f"{'':>10} b={batch:<4} jax  {row['jax_img_s']:8.1f} img/s | jax/C "
+                f"{row['jax_img_s'] / ours_ips:.2f} | fastest: {best}",
+                flush=True,
+            )
     compile_rows = {}
     if not args.no_compile:
         for name in dict.fromkeys(n for n, _ in cases):
@@ -361,12 +382,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:>10} compile+build: cold cache {c['cold']:.1f} s, warm cache {c['warm']:.1f} s"
             )
     print()
-    print("| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |")
-    print("|---|---|---|---|---|---|")
+    jx = args.backend == "jax"
+    print(
+        "| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |"
+        + (" JAX img/s |" if jx else "")
+    )
+    print("|---|---|---|---|---|---|" + ("---|" if jx else ""))
     for r in rows:
         print(
             f"| {r['model']} | {r['batch']} | {r['ours_img_s']:.1f} | {r['torch_img_s']:.1f} | "
             f"{r['ratio']:.2f} | {r['gemm_floor_img_s']:.1f} |"
+            + (f" {r['jax_img_s']:.1f} |" if jx else "")
         )
     if args.json:
         with open(args.json, "w") as fh:

@@ -10,6 +10,13 @@ Augmentation draws from ``default_rng([seed, epoch, sub-batch index])``: it
 depends neither on N nor on the thread timing, so a resumed run sees exactly
 the batches an uninterrupted one would have. The file order is shuffled with
 ``default_rng([seed, epoch])`` (identical on all ranks).
+
+Integrity (``data.verify``): each batch file's SHA-256 (with its labels, prep's
+``batch_digest``) is compared with the manifest's digest the first time this rank reads
+it in a run (``first_read``, the default: about 1 ms per MB, once per file and run), all
+files up front over the ranks (``all``, ``--verify-data``), or never (``off``). The mean
+image and the label files are checked at start-up (dtype, shape, range). Each problem
+is one ``DataError`` line naming the file and the ``tmpi prep`` stage to rerun (exit 3).
 """
 
 from __future__ import annotations
@@ -34,6 +41,70 @@ def _io() -> Any:
     return prep.io
 
 
+def _digest(images: np.ndarray, labels: np.ndarray) -> str:
+    """The manifest's batch digest (prep's own function: one implementation of the format)."""
+    from prep._common import batch_digest
+
+    return batch_digest(images, labels)
+
+
+def _load_npy(path: Path, stage: str, root: Path) -> np.ndarray:
+    """``np.load`` of a prep output file; a missing or unreadable file is one ``DataError``."""
+    fix = f"rerun `tmpi prep {stage} --out {root}`"
+    if not path.exists():
+        raise DataError(f"{path} not found; {fix}")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as err:  # noqa: BLE001 - numpy raises many kinds for a garbage file
+        why = str(err).split(".")[0][:80]
+        raise DataError(f"{path} is not a readable .npy array ({why}); {fix}") from None
+    if not isinstance(arr, np.ndarray):
+        raise DataError(f"{path} holds no single array; {fix}")
+    return arr
+
+
+def _load_mean(root: Path, size: int) -> np.ndarray:
+    """``misc/img_mean.npy`` checked: float (3, S, S), every value finite in [0, 255]."""
+    path = root / "misc" / "img_mean.npy"
+    mean = _load_npy(path, "mean", root)
+    fix = f"rerun `tmpi prep mean --out {root}`"
+    if mean.shape != (3, size, size):
+        raise DataError(f"{path} has shape {mean.shape}, expected (3, {size}, {size}); {fix}")
+    if mean.dtype.kind != "f":
+        raise DataError(f"{path} has dtype {mean.dtype}, expected float32; {fix}")
+    ok = np.isfinite(mean) & (mean >= 0) & (mean <= 255)
+    if not ok.all():
+        bad = float(mean.flat[int(np.argmin(ok.ravel()))])
+        raise DataError(f"{path} holds {bad!r}, not a mean of 0..255 pixels (corrupt file); {fix}")
+    return mean.astype(np.float32, copy=False)
+
+
+def _load_labels(root: Path, split: str, n_classes: int) -> np.ndarray:
+    """``labels/<split>_labels.npy`` checked: 1-d integers in ``-1 .. n_classes - 1``
+    (``n_classes`` from the manifest; 0 skips the upper bound)."""
+    path = root / "labels" / f"{split}_labels.npy"
+    labels = _load_npy(path, "labels", root)
+    fix = f"rerun `tmpi prep labels --out {root}`"
+    if labels.ndim != 1:
+        raise DataError(f"{path} has shape {labels.shape}, expected one label per image; {fix}")
+    if labels.dtype.kind not in "iu":
+        raise DataError(
+            f"{path} has dtype {labels.dtype}, expected integer class indices (corrupt or "
+            f"written by another tool; float labels are not cast); {fix}"
+        )
+    if len(labels):
+        top = n_classes - 1 if n_classes > 0 else np.iinfo(np.int32).max
+        bad = np.flatnonzero((labels < -1) | (labels > top))
+        if len(bad):
+            i = int(bad[0])
+            raise DataError(
+                f"{path} holds label {int(labels[i])} at position {i} (and {len(bad) - 1} more), "
+                f"outside -1..{top} for the manifest's n_classes={n_classes}: the labels are "
+                f"corrupt; {fix}"
+            )
+    return labels.astype(np.int32, copy=False)
+
+
 class DataSet:
     """One split of a prep output folder, checked against the run config.
 
@@ -44,6 +115,9 @@ class DataSet:
 
     def __init__(self, cfg: Any, split: str) -> None:
         io = _io()
+        #: data.verify: check batch digests on first read ("first_read"), never ("off"), or
+        #: all up front ("all": :meth:`verify` is called by the training set-up)
+        self.verify_mode = str(cfg.data.get("verify", "first_read"))
         self.root = Path(cfg.data.dir)
         if not (self.root / "misc" / "manifest.json").exists():
             raise DataError(
@@ -68,18 +142,19 @@ class DataSet:
                     f"pass --set data.{key}={have}"
                 )
         self.files = io.batch_files(self.root, split)
-        self.labels = io.load_labels(self.root, split)
+        self.labels = _load_labels(self.root, split, self.n_classes)
         if len(self.labels) != len(self.files) * self.B:
             raise DataError(
                 f"{self.root}/labels/{split}_labels.npy has {len(self.labels)} labels for "
-                f"{len(self.files)} files of {self.B}; rerun `tmpi prep labels`"
+                f"{len(self.files)} files of {self.B}; rerun `tmpi prep labels --out {self.root}`"
             )
-        self.mean = io.load_mean(self.root)
-        if self.mean.shape != (3, self.S, self.S):
-            raise DataError(
-                f"{self.root}/misc/img_mean.npy has shape {self.mean.shape}, expected "
-                f"(3, {self.S}, {self.S}); rerun `tmpi prep mean`"
-            )
+        self.mean = _load_mean(self.root, self.S)
+        digests = man.get(split, {}).get("digests")
+        #: the manifest's SHA-256 per batch file (None: a manifest without digests)
+        self.digests: list[str] | None = (
+            list(digests) if isinstance(digests, list) and len(digests) == len(self.files) else None
+        )
+        self._checked: set[int] = set()  # files whose digest matched in this run
         m = cfg.model
         self.b = int(m.batch_size)
         self.crop = int(m.input_size)
@@ -118,8 +193,37 @@ class DataSet:
                 f"batch {self.files[file_index]} has shape {arr.shape}, expected {want} "
                 f"({self.layout}); rerun `tmpi prep batch`"
             )
+        if self.verify_mode in ("first_read", "all"):  # "all": unless verify() ran first
+            self.check_digest(file_index, arr)
         self._cache = (file_index, arr)
         return arr
+
+    def check_digest(self, file_index: int, arr: np.ndarray | None = None) -> None:
+        """Compare batch ``file_index`` (and its labels) with the manifest's digest, once per
+        run; a mismatch is a ``DataError`` naming the file and the prep stages to rerun."""
+        if self.digests is None or file_index in self._checked:
+            return
+        if arr is None:
+            arr = _io().load_batch(self.files[file_index])
+        B = self.B
+        labels = self.labels[file_index * B : (file_index + 1) * B]
+        if _digest(arr, labels) != self.digests[file_index]:
+            raise DataError(
+                f"batch {self.files[file_index]} or its labels differ from the digest in "
+                f"{self.root}/misc/manifest.json (corrupt or changed since prep); rerun "
+                f"`tmpi prep batch --out {self.root}` and `tmpi prep labels --out {self.root}`, "
+                f"then `tmpi prep verify --out {self.root}`"
+            )
+        self._checked.add(file_index)
+
+    def verify(self, rank: int = 0, size: int = 1) -> int:
+        """Check this rank's share (files ``rank, rank + size, ...``) against the manifest;
+        returns the number checked. Afterwards no file is checked again on read."""
+        mine = range(rank, len(self.files), size)
+        for f in mine:
+            self.check_digest(f)
+        self.verify_mode = "done"
+        return len(mine)
 
     def sub_labels(self, file_index: int, slot: int) -> np.ndarray:
         start = file_index * self.B + slot * self.b

@@ -20,6 +20,7 @@ from pytensor.tensor.special import softmax  # noqa: E402
 from theanompi.metrics import symbolic_metrics  # noqa: E402
 from theanompi.models.layers import Layer  # noqa: E402
 from theanompi.models.optim import SGD, _zeros_like, step_lr  # noqa: E402
+from theanompi.params import set_values, to_device  # noqa: E402
 
 __all__ = ["Model"]
 
@@ -119,6 +120,7 @@ class Model:
         self.setup_optimizer()
         self._fns: dict[str, Any] = {}
         self._mode: Any = None
+        self.backend = "c"
         self.compile_seconds: dict[str, float] = {}
 
     # -- construction -------------------------------------------------------------------
@@ -195,18 +197,24 @@ class Model:
         """Non-gradient updates of a training step (batch-norm running statistics)."""
         return list(self.net.updates) if self.net is not None else []
 
-    def _graphs(self) -> dict[str, Any]:
-        fx = pytensor.config.floatX
+    def _inputs(self, batch: int | None) -> tuple[Any, Any]:
         # static (C, H, W): shape graphs constant-fold, so graph building and rewriting stay
-        # fast; the batch axis is free, so one compiled function serves any batch size
-        x = pt.tensor4("x", dtype=fx, shape=(None, *self.input_shape))
-        y = pt.ivector("y")
+        # fast; the batch axis is free for C (one compiled function serves any batch size)
+        # and static for JAX, whose jit needs every shape concrete (one function per size)
+        x = pt.tensor4("x", dtype=pytensor.config.floatX, shape=(batch, *self.input_shape))
+        return x, pt.tensor("y", dtype="int32", shape=(batch,))
+
+    def _eval_outputs(self, x: Any, y: Any) -> list[Any]:
+        ev_logits = self.forward(x, train=False)
+        ev_loss, ev_top1, ev_top5 = symbolic_metrics(ev_logits, y)
+        return [ev_loss, ev_top1, ev_top5, softmax(ev_logits, axis=-1)]
+
+    def _graphs(self) -> dict[str, Any]:
+        x, y = self._inputs(self.batch_size if self.backend == "jax" else None)
         logits = self.forward(x, train=True)
         loss, top1, _ = symbolic_metrics(logits, y)
         grads = pytensor.grad(loss, self.params)
         state_up = self.state_updates()
-        ev_logits = self.forward(x, train=False)
-        ev_loss, ev_top1, ev_top5 = symbolic_metrics(ev_logits, y)
         return {
             "x": x,
             "y": y,
@@ -214,17 +222,24 @@ class Model:
             "top1": top1,
             "grads": grads,
             "state_up": state_up,
-            "eval": [ev_loss, ev_top1, ev_top5, softmax(ev_logits, axis=-1)],
+            "eval": self._eval_outputs(x, y),
         }
 
-    def build(self, batch_size: int | None = None, mode: Any = None) -> Model:
+    def build(self, batch_size: int | None = None, mode: Any = None, backend: str = "c") -> Model:
         """Compile ``train_step`` and ``val_step``/``predict`` (``compute_grads`` and
         ``apply_grads`` are compiled on first use). Idempotent; returns ``self``.
 
-        ``mode`` is passed to ``pytensor.function`` (default: the configured FAST_RUN + C
-        linker); tests use ``Mode(linker="py", optimizer="fast_compile")`` to skip C compiles.
+        ``backend`` names the compiler (``theanompi.models.ops.BACKENDS``): ``c`` (the
+        configured FAST_RUN + C linker) or ``jax`` (XLA; the shared variables then live on
+        the JAX device between steps and only the batch and the metrics cross to and from
+        it). ``mode``, when given, is passed to ``pytensor.function`` instead; tests use
+        ``Mode(linker="py", optimizer="fast_compile")`` to skip C compiles.
         """
-        self._mode = mode
+        if "train" not in self._fns:
+            from theanompi.models.ops import compile_mode
+
+            self.backend = backend
+            self._mode = compile_mode(backend) if mode is None else mode
         if batch_size is not None:
             if not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size={batch_size!r} must be a positive int")
@@ -250,9 +265,24 @@ class Model:
             fn = pytensor.function(
                 inputs, outputs, updates=updates, name=f"{self.name}.{key}", mode=self._mode
             )
+        if self.backend == "jax":
+            fn.trust_input = True  # _xy hands it device arrays of the right types
+            to_device(self.params + self.opt_state + self.grads + [self.lr])
         self.compile_seconds[key] = time.perf_counter() - t0
         self._fns[key] = fn
         return fn
+
+    def _eval_fn(self, n: int) -> Any:
+        """The eval function for a batch of ``n`` (JAX: compiled once per new size)."""
+        if self.backend != "jax" or n == self.batch_size:
+            return self._fn("eval")
+        key = f"eval{n}"
+        if key not in self._fns:
+            with pytensor.config.change_flags(traceback__limit=0):
+                x, y = self._inputs(n)
+                outs = self._eval_outputs(x, y)
+            self._compile(key, [x, y], outs, [])
+        return self._fns[key]
 
     def _fn(self, key: str) -> Any:
         if "train" not in self._fns:
@@ -267,21 +297,31 @@ class Model:
         return self._fns[key]
 
     # -- steps ----------------------------------------------------------------------------
-    @staticmethod
-    def _xy(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-        return (
-            np.asarray(x, dtype=pytensor.config.floatX),
-            np.asarray(y, dtype=np.int32),
-        )
+    def _xy(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """The batch as the compiled functions take it (on the JAX device for ``jax``)."""
+        xy = (np.asarray(x, dtype=pytensor.config.floatX), np.asarray(y, dtype=np.int32))
+        if self.backend == "jax":
+            import jax
+
+            return jax.device_put(xy[0]), jax.device_put(xy[1])
+        return xy
+
+    def _train_xy(self, x: Any, y: Any) -> tuple[Any, Any]:
+        if self.backend == "jax" and len(x) != self.batch_size:
+            raise ValueError(
+                f"backend jax compiled the training step for batches of {self.batch_size}, "
+                f"got {len(x)}; call build(batch_size={len(x)}) on a new model"
+            )
+        return self._xy(x, y)
 
     def train_step(self, x: Any, y: Any) -> tuple[float, float]:
         """One SGD step on (x, y); returns (loss, top-1 error) before the update."""
-        loss, err = self._fn("train")(*self._xy(x, y))
+        loss, err = self._fn("train")(*self._train_xy(x, y))
         return float(loss), float(err)
 
     def compute_grads(self, x: Any, y: Any) -> tuple[float, float]:
         """Write the gradients of the loss on (x, y) into ``grads``; params unchanged."""
-        loss, err = self._fn("grads")(*self._xy(x, y))
+        loss, err = self._fn("grads")(*self._train_xy(x, y))
         return float(loss), float(err)
 
     def apply_grads(self) -> None:
@@ -290,13 +330,13 @@ class Model:
 
     def val_step(self, x: Any, y: Any) -> tuple[float, float, float]:
         """(loss, top-1 error, top-5 error), means over the batch, dropout off."""
-        loss, t1, t5, _ = self._fn("eval")(*self._xy(x, y))
+        loss, t1, t5, _ = self._eval_fn(len(x))(*self._xy(x, y))
         return float(loss), float(t1), float(t5)
 
     def predict(self, x: Any) -> np.ndarray:
         """Softmax probabilities (b, n_classes), float32, dropout off."""
         x = np.asarray(x, dtype=pytensor.config.floatX)
-        *_, probs = self._fn("eval")(x, np.zeros(len(x), dtype=np.int32))
+        *_, probs = self._eval_fn(len(x))(*self._xy(x, np.zeros(len(x), dtype=np.int32)))
         return np.asarray(probs, dtype=np.float32)
 
     def adjust_hyperparams(self, epoch: int) -> None:
@@ -305,4 +345,4 @@ class Model:
         lr = step_lr(
             self.base_lr, int(epoch), list(c["lr_step"]), float(c["lr_gamma"]), c["lr_policy"]
         )
-        self.lr.set_value(np.asarray(lr, dtype=pytensor.config.floatX))
+        set_values([self.lr], [np.asarray(lr, dtype=pytensor.config.floatX)])

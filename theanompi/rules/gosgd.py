@@ -143,7 +143,9 @@ class Gossip:
         part = x.astype(np.float64) * self.weight
         total = np.empty_like(part) if self.rank == 0 else None
         self.comm.Reduce(part, total, op=MPI.SUM, root=0)
-        weights = self.comm.allreduce(self.weight, op=MPI.SUM)
+        w = np.array([self.weight], dtype=np.float64)  # a buffer Allreduce: it lets the
+        self.comm.Allreduce(MPI.IN_PLACE, w, op=MPI.SUM)  # watchdog's thread run (metrics.py)
+        weights = float(w[0])
         out = np.empty_like(x)
         if self.rank == 0:
             out[:] = total / weights

@@ -2,8 +2,11 @@
 static-shape channel concatenation).
 
 Each forward Op has a gradient Op, a C++ implementation (BLAS GEMM for the convolutions) and
-a numpy ``perform`` used by PyTensor's Python linker.
+a numpy ``perform`` used by PyTensor's Python linker. :func:`compile_mode` picks the compiler
+for a backend name in :data:`BACKENDS` (``jax`` loads ``jax_ops``' registrations lazily).
 """
+
+from typing import Any
 
 from theanompi.pytensor_env import configure
 
@@ -22,6 +25,8 @@ from theanompi.models.ops.lrn import LRNGrad, LRNOp, lrn  # noqa: E402
 from theanompi.models.ops.pool import Pool2d, Pool2dGrad, pool2d, pool_output_size  # noqa: E402
 
 __all__ = [
+    "BACKENDS",
+    "compile_mode",
     "ChannelConcat",
     "concat_channels",
     "CHUNK",
@@ -38,3 +43,37 @@ __all__ = [
     "pool2d",
     "pool_output_size",
 ]
+
+#: compiler backends: name -> what it runs on (``training.backend``, ``--backend``)
+BACKENDS = {
+    "c": "PyTensor's C linker (FAST_RUN): our C++ kernels with BLAS, CPU",
+    "jax": "PyTensor's JAX linker (jax.jit through XLA): CPU, or GPU with a CUDA jaxlib",
+}
+
+
+def compile_mode(backend: str) -> Any:
+    """The ``pytensor.function`` mode of ``backend`` (``None``: the configured default, C).
+
+    Raises ``ConfigError`` for an unknown name, or for ``jax`` when JAX is not installed.
+    """
+    from theanompi.errors import ConfigError
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == "c":
+        return None
+    try:
+        import theanompi.models.ops.jax_ops  # noqa: F401  (registers our Ops with JAX)
+    except ImportError as err:
+        raise ConfigError(
+            f"backend 'jax' needs JAX ({err}); install it with: pip install 'theanompi[jax]'"
+        ) from None
+    import warnings
+
+    from pytensor.compile.mode import get_mode
+
+    # benign: JAX runs without x64 (int64 shapes and the float64 metric casts become 32-bit),
+    # and drops PyTensor's broadcast shape Asserts (our shapes are static)
+    warnings.filterwarnings("ignore", "Explicitly requested dtype (float|int)64", UserWarning)
+    warnings.filterwarnings("ignore", "Skipping Assert", UserWarning)
+    return get_mode("JAX")

@@ -1,0 +1,457 @@
+"""The launcher's watch over mpirun: Ctrl-C as a step-boundary stop, no orphans, one-line failures, restarts."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Attempt",
+    "supervise",
+    "run_with_restarts",
+    "watch_launcher",
+    "LAUNCHER_PID_ENV",
+    "LAUNCHER_HOST_ENV",
+    "STOP_SIGNAL",
+    "STOP_GRACE_S",
+    "NOT_RESTARTABLE",
+    "BANNERS_ENV",
+]
+
+LAUNCHER_PID_ENV = "THEANOMPI_LAUNCHER_PID"  # the ranks stop when this process is gone
+LAUNCHER_HOST_ENV = "THEANOMPI_LAUNCHER_HOST"  # ... if they run on its host
+#: mpirun forwards SIGUSR1 to every rank and keeps them alive; on SIGINT/SIGTERM it sends
+#: SIGTERM and, 0.25 s later, SIGKILL, too soon for a step boundary and a checkpoint
+STOP_SIGNAL = signal.SIGUSR1
+STOP_GRACE_S = 60.0  # after a stop request, mpirun is told to kill the ranks after this long
+WATCH_INTERVAL_S = 0.5
+#: exit codes that a restart cannot mend: usage, data, resource (errors.py), Ctrl-C
+NOT_RESTARTABLE = frozenset({0, 2, 3, 4, 130})
+EXIT_INTERRUPTED = 130
+_PR_SET_PDEATHSIG = 1
+
+#: set to 1 to see mpirun's own banners where the launcher prints its one-line summary instead
+BANNERS_ENV = "THEANOMPI_MPI_BANNERS"
+
+# "prterun noticed that process rank 1 with PID 1977 on node vm exited on\nsignal 9 (Killed)."
+_SIGNALED = re.compile(
+    r"noticed that process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)"
+)
+# mpirun's banners for a node (or its daemon, prted/orted) lost mid-run: Open MPI 5 (PRRTE)
+# says "A daemon failed to report back ... Remote host: H" when the daemon's ssh (launch agent)
+# ends, or "PRTE has lost communication with a remote daemon ... Remote daemon: ID on node H"
+# when its connection drops first; Open MPI 4 says the latter with ORTE
+_NODE_LOST = (
+    re.compile(r"daemon failed to report back after being spawned.*?Remote host:\s*(\S+)", re.S),
+    re.compile(
+        r"has lost communication with a remote daemon\..*?Remote daemon\s*:\s*\S+ on node (\S+)",
+        re.S,
+    ),
+)
+# a rank's MPI error report ("[nodea:00000] *** An error occurred in Socket closed", ...):
+# held for HOLD_S seconds, and dropped when a lost host explains it (the survivors' view)
+_MPI_ERROR = re.compile(rb"^\[[^\]\s]*\] \*\*\* ")
+HOLD_S = 3.0
+# each rank started by the launcher tells it where it runs, through mpirun's stderr (the
+# pump swallows these lines), so a lost host can be reported with its ranks
+_PLACE_TAG = "tmpi-placement:"
+_PLACE = re.compile(rb"tmpi-placement: rank (\d+) host (\S+) pid (\d+)\n?")
+
+
+# mpirun's banner when the ranks end as asked after a stop request: exit 130, or killed by the
+# stop signal itself (before they could install a handler) or by the hard stop
+_STOPPED_BANNER = re.compile(
+    rb"exited with non-zero status.*Exit code:\s+130\b|exited on\s+signal (%d|%d|%d) "
+    % (STOP_SIGNAL, signal.SIGTERM, signal.SIGKILL),
+    re.S,
+)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one mpirun ended: ``code`` is what the launcher exits with, ``mpirun_code`` what
+    mpirun returned, ``stopped`` whether the user asked to stop (Ctrl-C, SIGTERM, SIGHUP),
+    ``failure`` the one-line reason when a rank died (else ``""``)."""
+
+    code: int
+    mpirun_code: int
+    stopped: bool
+    failure: str
+    seconds: float
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    """A process group of its own (a terminal's Ctrl-C reaches the launcher only), and
+    SIGTERM when the launcher dies, even by SIGKILL (``PR_SET_PDEATHSIG``, Linux)."""
+    os.setpgid(0, 0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the ranks' watch (watch_launcher) remains
+        pass
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    for r in sorted(set(ranks)):
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def _lost_host(banner: str, placed: Mapping[int, str]) -> str | None:
+    """The host that mpirun's banner says was lost mid-run (its daemon died or it went down).
+
+    "failed to report back" also means a daemon that never started (no ssh, no install on
+    that node): that banner, which says what to check, stays unless ranks ran there."""
+    report, lost = _NODE_LOST
+    m = lost.search(banner)
+    if m:
+        return m.group(1)
+    m = report.search(banner)
+    if m and m.group(1) in placed.values():
+        return m.group(1)
+    return None
+
+
+def _binary(stream: Any) -> Any:
+    """The byte stream under a text stream (``sys.stdout``), or an adapter to it."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        return buffer
+
+    class _Text:
+        def write(self, data: bytes) -> None:
+            stream.write(data.decode(errors="replace"))
+
+        def flush(self) -> None:
+            stream.flush()
+
+    return _Text()
+
+
+def _lost_line(host: str, placed: Mapping[int, str]) -> str:
+    ranks = [r for r, h in placed.items() if h == host]
+    on = f" (rank {ranks[0]})" if len(ranks) == 1 else f" (ranks {_ranges(ranks)})" if ranks else ""
+    return (
+        f"lost host {host}{on}: its mpirun daemon died or the node went down; "
+        "mpirun stopped the other ranks"
+    )
+
+
+def _failure_line(stderr_text: str, mpirun_code: int) -> str:
+    """One line naming the rank and host that a signal killed, from mpirun's banner."""
+    m = _SIGNALED.search(stderr_text)
+    if m:
+        rank, pid, host, sig = m.groups()
+        try:
+            name = signal.Signals(int(sig)).name
+        except ValueError:
+            name = f"signal {sig}"
+        return (
+            f"rank {rank} (pid {pid}) on host {host} was killed by signal {sig} ({name}); "
+            "mpirun stopped the other ranks"
+        )
+    if mpirun_code < 0:
+        return f"mpirun itself was killed by signal {-mpirun_code}"
+    if 128 < mpirun_code < 128 + 65:  # 255 is mpirun's own error, not a signal
+        return f"a rank was killed by signal {mpirun_code - 128} (mpirun exit {mpirun_code})"
+    return ""
+
+
+def supervise(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    grace_s: float = STOP_GRACE_S,
+    echo: Callable[[str], None] | None = None,
+) -> Attempt:
+    """Run ``cmd`` (an mpirun line) until it exits, as a well-behaved launcher.
+
+    - mpirun runs in its own process group with stdin closed, so a terminal's Ctrl-C reaches
+      only this launcher; it dies with the launcher (``PR_SET_PDEATHSIG``), and the ranks
+      watch the launcher's pid too (:func:`watch_launcher`).
+    - The first SIGINT, SIGTERM or SIGHUP becomes :data:`STOP_SIGNAL` to mpirun, which
+      forwards it to every rank: training stops at the next step boundary and exits 130. A
+      second one, or ``grace_s`` seconds without an exit, makes mpirun kill the ranks.
+    - mpirun's stderr passes through; a rank killed by a signal, or a host lost mid-run (its
+      daemon killed, the node down), becomes one line naming the rank or host (and the ranks
+      it ran), and exit 1 (the documented code for a crashed rank). mpirun's banner for it is
+      dropped unless ``THEANOMPI_MPI_BANNERS=1``.
+    """
+    say = echo or (lambda text: print(f"tmpi: {text}", file=sys.stderr, flush=True))
+    full_env = dict(env) | {
+        LAUNCHER_PID_ENV: str(os.getpid()),
+        LAUNCHER_HOST_ENV: socket.gethostname(),
+    }
+    t0 = time.monotonic()
+    state: dict[str, Any] = {"stops": 0, "deadline": None, "lost": None}
+    tail: list[str] = []
+    placed: dict[int, str] = {}  # rank -> host, as the ranks reported (watch_launcher)
+    banners = os.environ.get(BANNERS_ENV, "") not in ("", "0")
+    held: list[tuple[float, Any, bytes]] = []  # the ranks' MPI error reports, for HOLD_S
+    lock = threading.Lock()
+    proc = subprocess.Popen(
+        list(cmd),
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_child_setup,
+    )
+
+    def write(out: Any, data: bytes) -> None:
+        try:
+            out.write(data)
+            out.flush()
+        except (OSError, ValueError):  # our stream closed: keep draining mpirun's
+            pass
+
+    def release(older_than: float | None) -> None:
+        """Print the held MPI error reports (those held ``older_than`` s; None: all), or
+        drop them once a lost host explains them (the survivors' "Socket closed")."""
+        with lock:
+            if state["lost"] and not banners:
+                held.clear()
+            now = time.monotonic()
+            while held and (older_than is None or now - held[0][0] >= older_than):
+                _, out, data = held.pop(0)
+                write(out, data)
+
+    def pump(stream: Any, out: Any) -> None:  # mpirun's stdout or stderr, line by line, to ours
+        banner: list[bytes] = []  # mpirun's "-----" framed message, held until it is complete
+        for line in iter(stream.readline, b""):
+            line = line.replace(b"\0", b"")  # Open MPI pads the ranks' last output with NULs
+            if _PLACE_TAG.encode() in line:
+                for m in _PLACE.finditer(line):
+                    placed[int(m.group(1))] = m.group(2).decode(errors="replace")
+                line = _PLACE.sub(b"", line)
+            if not line:
+                continue
+            with lock:
+                tail.append(line.decode(errors="replace"))
+                del tail[:-60]
+            if state["stops"] and b"PMIX_ERR_UNREACH" in line:
+                continue  # mpirun's noise about ranks that stopped as asked
+            if line.startswith(b"-----") or banner:
+                banner.append(line)
+                if len(banner) == 1 or not line.startswith(b"-----"):
+                    continue
+                text, banner[:] = b"".join(banner), []
+                if state["stops"] and _STOPPED_BANNER.search(text):
+                    continue  # the ranks' 130 after the stop we asked for: not news
+                decoded = text.decode(errors="replace")
+                lost = None if state["stops"] else _lost_host(decoded, placed)
+                if lost and state["lost"] is None:
+                    state["lost"] = lost  # the first host lost; it outranks a rank's signal
+                if not banners and (lost or (not state["stops"] and _SIGNALED.search(decoded))):
+                    continue  # said in one line when mpirun exits (failure)
+                line = text
+            elif _MPI_ERROR.match(line):
+                with lock:
+                    held.append((time.monotonic(), out, line))
+                continue
+            write(out, line)
+        if banner:  # an unterminated banner: show what there is
+            write(out, b"".join(banner))
+
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [
+        threading.Thread(target=pump, args=(proc.stdout, _binary(sys.stdout)), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, _binary(sys.stderr)), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        state["stops"] += 1
+        if proc.poll() is not None:
+            return
+        if state["stops"] == 1:
+            say(
+                f"{signal.Signals(signum).name}: stopping at the next step boundary "
+                f"(again to stop at once; mpirun is told to kill the ranks after {grace_s:g} s)"
+            )
+            state["deadline"] = time.monotonic() + grace_s
+            _send(proc, STOP_SIGNAL)
+        else:
+            say("stopping at once")
+            state["deadline"] = None
+            _send(proc, signal.SIGTERM)
+
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, on_signal) for s in watched}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                release(older_than=HOLD_S)
+                deadline = state["deadline"]
+                if deadline is not None and time.monotonic() > deadline:
+                    say(f"the ranks did not stop within {grace_s:g} s; stopping them at once")
+                    state["deadline"] = None
+                    _send(proc, signal.SIGTERM)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:  # an exception in this loop: never leave mpirun behind
+            _send(proc, signal.SIGTERM)
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=5)
+    release(older_than=None)
+    stopped = state["stops"] > 0
+    if stopped:
+        failure = ""
+    elif state["lost"]:  # mpirun may even exit 0 after losing a daemon (Open MPI 5.0)
+        failure = _lost_line(state["lost"], placed)
+    else:
+        failure = _failure_line("".join(tail), rc)
+    if stopped:
+        code = EXIT_INTERRUPTED
+    elif failure:
+        code = 1
+    else:
+        code = rc
+    return Attempt(code, rc, stopped, failure, time.monotonic() - t0)
+
+
+def _send(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def run_with_restarts(
+    build_cmd: Callable[[bool], Sequence[str]],
+    env: Mapping[str, str],
+    *,
+    max_restarts: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    record_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Run the job; after a rank failure or stall relaunch it with ``--resume``, at most
+    ``max_restarts`` times (as ``torchrun --max-restarts``); return the exit code.
+
+    ``build_cmd(resume)`` gives the mpirun line. An exit in :data:`NOT_RESTARTABLE` (success,
+    a usage, data or resource error, Ctrl-C) is final. Each restart is printed as one line and
+    appended to the record as ``{"kind": "restart", "attempt", "max_restarts", "exit_code",
+    "reason", "resume_from"}``; without a checkpoint yet, the run starts over.
+    """
+    from theanompi.checkpoint import latest_checkpoint
+    from theanompi.record import append_entry
+
+    resume = False
+    for attempt in range(max_restarts + 1):
+        try:
+            result = supervise(build_cmd(resume), env)
+        except KeyboardInterrupt:  # Ctrl-C between two attempts: no mpirun is running
+            return EXIT_INTERRUPTED
+        if result.failure:
+            print(f"tmpi: error: {result.failure}", file=sys.stderr, flush=True)
+        if result.stopped or result.code in NOT_RESTARTABLE or attempt == max_restarts:
+            if result.code not in NOT_RESTARTABLE and max_restarts:
+                print(
+                    f"tmpi: giving up after {attempt} restart(s) (--max-restarts {max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return result.code
+        ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+        resume = ck is not None
+        reason = result.failure or f"exit {result.code}"
+        print(
+            f"tmpi: restart {attempt + 1}/{max_restarts} after {reason}: "
+            + (f"resuming from {ck}" if ck else "no checkpoint yet, starting over"),
+            file=sys.stderr,
+            flush=True,
+        )
+        if record_dir is not None and ck is not None:
+            append_entry(
+                record_dir,
+                "restart",
+                attempt=attempt + 1,
+                max_restarts=max_restarts,
+                exit_code=result.code,
+                reason=reason,
+                resume_from=str(ck),
+                seconds=round(result.seconds, 3),
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# -- the ranks' side ---------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone: its parent has not reaped it yet)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def _stop_now(signum: int, frame: Any) -> None:
+    """The stop signal where no :class:`~theanompi.signals.StopFlag` listens (eval, prep):
+    end this rank with 130 at once; mpirun then stops the others."""
+    os._exit(EXIT_INTERRUPTED)
+
+
+def watch_launcher(interval: float = WATCH_INTERVAL_S) -> bool:
+    """In a rank started by ``tmpi ... -n N``: exit when the launcher is gone, and let
+    :data:`STOP_SIGNAL` end the rank with 130 where no StopFlag listens (``tmpi train`` holds
+    one around its run, so training stops at a step boundary instead). Returns whether a
+    watch was started (only on the launcher's host)."""
+    pid_text = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not pid_text.isdigit():
+        return False
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(STOP_SIGNAL, _stop_now)
+    from theanompi.comm import rank_from_env
+
+    host = socket.gethostname()
+    try:  # where this rank runs, for the launcher (which swallows the line)
+        sys.stderr.write(f"{_PLACE_TAG} rank {rank_from_env()} host {host} pid {os.getpid()}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    if os.environ.get(LAUNCHER_HOST_ENV) != host:
+        return False  # another node: its mpirun daemon ends this rank when mpirun goes
+    pid = int(pid_text)
+
+    def watch() -> None:
+        while _alive(pid):
+            time.sleep(interval)
+        print(
+            f"tmpi: rank {rank_from_env()}: the launcher (pid {pid}) is gone; stopping",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tmpi-launcher-watch", daemon=True).start()
+    return True
