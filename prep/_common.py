@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from theanompi import io as _io
-from theanompi.errors import DataError, UserError
+from theanompi.errors import DataError, ResourceError, UserError, resource_error
 
 __all__ = [
     "Comm",
@@ -112,12 +111,13 @@ def collective(comm: Comm, fn: Callable[[], T]) -> T:
 
 
 def raise_collective(
-    comm: Comm, message: str | None, exc_type: type[UserError] = DataError
+    comm: Comm, problem: UserError | str | None, exc_type: type[UserError] = DataError
 ) -> None:
-    """Raise ``exc_type(message)`` on every rank when rank 0 has a message (broadcast)."""
-    message = comm.bcast(message, root=0) if comm.Get_size() > 1 else message
-    if message:
-        err = exc_type(message)
+    """Raise on every rank when rank 0 has a problem (broadcast): a message as
+    ``exc_type(message)``, an error as itself (so a full disk keeps its exit code 4)."""
+    problem = comm.bcast(problem, root=0) if comm.Get_size() > 1 else problem
+    if problem is not None and problem != "":
+        err = exc_type(problem) if isinstance(problem, str) else problem
         err.collective = True  # type: ignore[attr-defined]
         raise err
 
@@ -199,28 +199,19 @@ def require(path: Path, stage: str) -> Path:
     return Path(path)
 
 
-_WRITE_ERRNOS = {
-    errno.ENOSPC: "no space left on the device; free space there or choose another --out",
-    errno.EDQUOT: "disk quota exceeded; free space there or choose another --out",
-    errno.EFBIG: "file too large for that file system; choose another --out",
-    errno.EROFS: "read-only file system; choose another --out",
-    errno.EACCES: "permission denied; choose a writable --out",
-    errno.EPERM: "permission denied; choose a writable --out",
-}
-
-
-def write_problem(err: BaseException, path: str | os.PathLike[str]) -> DataError | None:
-    """A one-line ``DataError`` naming ``path`` for a full disk, a quota, a read-only or
-    unwritable folder (``err`` is an ``OSError`` from Python, numpy or h5py); else None.
+def write_problem(err: BaseException, path: str | os.PathLike[str]) -> ResourceError | None:
+    """A one-line :class:`ResourceError` (exit 4) naming ``path`` for a full disk, a quota, a
+    read-only or unwritable folder (``err`` an ``OSError`` from Python, numpy or h5py); else
+    None. The same wording as training's outputs (:func:`theanompi.errors.resource_error`).
     """
-    if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
-        return DataError(f"cannot write {path}: {_WRITE_ERRNOS[err.errno]}")
+    if isinstance(err, OSError):
+        return resource_error(err, "prep output", path, key="--out")
     return None
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """``theanompi.io.atomic_write``, a full disk (etc.) raised as one ``DataError`` line.
+    """``theanompi.io.atomic_write``, a full disk (etc.) raised as one ``ResourceError`` line.
 
     Nothing is left under ``path`` (the temp file is removed) and an older ``path`` stays.
     """

@@ -524,7 +524,7 @@ def run(
     digests: dict[str, dict[int, str]] = {split: {} for split in plans}
     queued: list[tuple[str, int, Any]] = []
     written = reused = images = 0
-    failure: str | None = None
+    failure: UserError | None = None
     try:
         for split, k in _deal(plans, rank, nranks):
             plan = plans[split]
@@ -545,7 +545,7 @@ def run(
         for split, k, job in queued:
             digests[split][k] = job.result()
     except UserError as err:  # reported by every rank together below: one line, no abort
-        failure = str(err)
+        failure = err
     finally:
         pipeline.close()
         for journal in journals.values():
@@ -577,7 +577,7 @@ def run(
         try:
             _write_manifest(out, plans, scan, seed, size, layout, ordered)
         except UserError as err:  # e.g. a full disk: every rank raises it (one line)
-            failure = str(err)
+            failure = err
     raise_collective(comm, failure if rank == 0 else None)
     return comm.bcast(stats, root=0) if nranks > 1 else stats  # type: ignore[return-value]
 

@@ -56,7 +56,7 @@ def run(out: str | os.PathLike[str], comm: Comm | None = None) -> np.ndarray:
     else:
         total = local
     mean = None
-    failure: str | None = None
+    failure: UserError | None = None
     if rank == 0:
         mean = (total / n_images).astype(np.float32)
 
@@ -69,6 +69,6 @@ def run(out: str | os.PathLike[str], comm: Comm | None = None) -> np.ndarray:
         try:
             record()
         except UserError as err:  # e.g. a full disk: every rank raises it (one line)
-            failure = str(err)
+            failure = err
     raise_collective(comm, failure)
     return comm.bcast(mean, root=0) if nranks > 1 else mean  # type: ignore[return-value]

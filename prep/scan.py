@@ -472,7 +472,7 @@ def run(
     root = Path(tree["src"])
     mine = _check_share(str(root) + os.sep, tree, rank, size)
     found = comm.gather(mine, root=0) if size > 1 else [mine]
-    message = None
+    message: UserError | str | None = None
     if rank == 0:
         bad = sorted((x for part in found for x in part), key=lambda t: (t[0], t[1]))
         skip = {(s, i) for s, i, _ in bad}
@@ -487,7 +487,7 @@ def run(
             try:  # a full disk here is reported by every rank together (one line, no abort)
                 _write_scan(out, tree)
             except UserError as err:
-                message = str(err)
+                message = err
     raise_collective(comm, message)
     if size > 1:
         if rank != 0:

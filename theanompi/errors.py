@@ -32,6 +32,7 @@ _RESOURCE_ERRNOS = {
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
     errno.EROFS: "read-only file system",
+    errno.EFBIG: "file too large for that file system",
 }
 
 

@@ -185,8 +185,9 @@ def test_disk_full_is_one_line_and_leaves_no_half_file(fx, cli, small_disk: Path
     if ranks > 1:  # mpirun may add its own "exited with non-zero status" box: not ours
         assert "Traceback" not in proc.stderr, proc.stderr
         lines = [ln for ln in lines if ln.startswith("tmpi:")]
-    assert proc.returncode == 3 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"tmpi: error: cannot write {out}/") and "no space left" in lines[0]
+    assert proc.returncode == 4 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"tmpi: error: cannot write prep output '{out}/"), lines[0]
+    assert "no space left" in lines[0] and "--out" in lines[0]
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
     kept = sorted(out.glob("*_hkl_b4/*.hkl"))
     assert len(kept) < 5
