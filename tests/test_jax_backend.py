@@ -153,15 +153,11 @@ def test_tiny_alexnet_under_jax_follows_the_numpy_ops():
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_digits_demo_with_backend_jax_at_n2(tmp_path: Path):
-    """The CLI end to end: prep the demo, train BSP on 2 ranks with --backend jax (<= 10 %
-    val top-1 error after 3 epochs), evaluate its checkpoint with --backend jax (same number)."""
-    out = tmpi("prep", "demo", "--out", str(tmp_path / "tree"))
-    assert out.returncode == 0, out.stderr
-    data = tmp_path / "data"
-    prep = ["--src", str(tmp_path / "tree"), "--out", str(data), "--size", "32"]
-    out = tmpi("prep", "all", "-n", "2", *prep)
-    assert out.returncode == 0, out.stderr
+def test_digits_demo_with_backend_jax_at_n2(digits_data: Path, tmp_path: Path):
+    """The CLI end to end on the prepped demo: train BSP on 2 ranks with --backend jax
+    (<= 10 % val top-1 error after 3 epochs), evaluate its checkpoint with --backend jax
+    (same number)."""
+    data = digits_data
     bad = tmpi("train", "--data", str(data), "--backend", "cuda")
     assert bad.returncode == 2 and "training.backend" in bad.stderr and "jax" in bad.stderr
     run = tmp_path / "run"

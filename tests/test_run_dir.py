@@ -198,16 +198,9 @@ def test_unusable_run_dirs_are_one_line(tmp_path: Path) -> None:
 
 
 # -- end to end: tmpi train -n 2 on the digits ------------------------------------------------
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    out = tmpi("prep", "demo", "--out", str(root / "tree"))
-    assert out.returncode == 0, out.stderr
-    out = tmpi(
-        "prep", "all", "--src", str(root / "tree"), "--out", str(root / "data"), "--size", "32"
-    )
-    assert out.returncode == 0, out.stderr
-    return root / "data"
+@pytest.fixture
+def digits(digits_data: Path) -> Path:
+    return digits_data
 
 
 def _train(data: Path, run: Path, *extra: str):

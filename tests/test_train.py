@@ -11,30 +11,13 @@ import pytest
 
 from theanompi.checkpoint import latest_checkpoint, load_checkpoint
 from theanompi.record import read_record
-from theanompi.testing import tmpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("demo")
-    out = tmpi("prep", "demo", "--out", str(root / "tree"))
-    assert out.returncode == 0, out.stderr
-    out = tmpi(
-        "prep",
-        "all",
-        "-n",
-        "2",
-        "--src",
-        str(root / "tree"),
-        "--out",
-        str(root / "data"),
-        "--size",
-        "32",
-    )
-    assert out.returncode == 0, out.stderr
-    return root / "data"
+@pytest.fixture
+def demo(digits_data: Path) -> Path:
+    return digits_data
 
 
 def _train(cli, data: Path, run: Path, *extra: str, env: dict[str, str] | None = None):

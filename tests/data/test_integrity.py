@@ -171,16 +171,9 @@ def test_labels_within_the_manifest_but_not_the_model_name_n_classes(
 
 
 # -- real prep output, real CLI ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def prepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("prep")
-    out = tmpi("prep", "demo", "--out", str(root / "tree"))
-    assert out.returncode == 0, out.stderr
-    out = tmpi(
-        "prep", "all", "--src", str(root / "tree"), "--out", str(root / "data"), "--size", "32"
-    )
-    assert out.returncode == 0, out.stderr
-    return root / "data"
+@pytest.fixture
+def prepped(digits_data: Path) -> Path:
+    return digits_data
 
 
 def test_prep_digests_are_the_independent_sha256(prepped: Path) -> None:
