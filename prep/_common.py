@@ -30,6 +30,7 @@ __all__ = [
     "misc_dir",
     "require",
     "write_problem",
+    "resource_errors",
     "atomic_write",
     "write_json",
     "write_npy",
@@ -210,14 +211,10 @@ def write_problem(err: BaseException, path: str | os.PathLike[str]) -> ResourceE
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """``theanompi.io.atomic_write``, a full disk (etc.) raised as one ``ResourceError`` line.
-
-    Nothing is left under ``path`` (the temp file is removed) and an older ``path`` stays.
-    """
+def resource_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Within the block, a full disk (etc.) writing ``path`` becomes one ``ResourceError`` line."""
     try:
-        with _io.atomic_write(path) as tmp:
-            yield tmp
+        yield
     except OSError as err:
         problem = write_problem(err, path)
         if problem is None:
@@ -225,14 +222,21 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise problem from None
 
 
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """``theanompi.io.atomic_write`` under :func:`resource_errors`: nothing is left under
+    ``path`` (the temp file is removed) and an older ``path`` stays."""
+    with resource_errors(path), _io.atomic_write(path) as tmp:
+        yield tmp
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as indented JSON, atomically (see :func:`atomic_write`)."""
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """``theanompi.io.write_json`` under :func:`resource_errors`."""
+    with resource_errors(path):
+        _io.write_json(path, obj)
 
 
 def write_npy(path: str | os.PathLike[str], array: Any) -> None:
-    """``np.save`` atomically (see :func:`atomic_write`)."""
-    with atomic_write(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, array)
+    """``theanompi.io.write_npy`` under :func:`resource_errors`."""
+    with resource_errors(path):
+        _io.write_npy(path, array)

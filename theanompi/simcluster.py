@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from theanompi.supervise import pid_alive
+
 __all__ = ["SimCluster", "unavailable", "remove_stale", "PREFIX", "main"]
 
 #: namespace names are PREFIX<creator pid>x<serial><node letter>; a dead creator means stale
@@ -77,16 +79,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_namespace(ns: str) -> None:
     """SIGKILL every process in namespace ``ns``, then delete it (and the veth end in it)."""
     for _ in range(20):
@@ -108,14 +100,14 @@ def remove_stale() -> list[str]:
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         m = _NAME_RE.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _kill_namespace(name)
             removed.append(name)
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
         parts = line.split(":")
         name = parts[1].strip().split("@")[0] if len(parts) > 1 else ""
         m = _NAME_RE.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _ip("link", "del", name, check=False)
             removed.append(name)
     return removed

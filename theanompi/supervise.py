@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "Attempt",
+    "pid_alive",
     "supervise",
     "run_with_restarts",
     "watch_launcher",
@@ -398,7 +399,7 @@ def run_with_restarts(
 
 
 # -- the ranks' side ---------------------------------------------------------------------------
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie counts as gone: its parent has not reaped it yet)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -444,7 +445,7 @@ def watch_launcher(interval: float = WATCH_INTERVAL_S) -> bool:
     pid = int(pid_text)
 
     def watch() -> None:
-        while _alive(pid):
+        while pid_alive(pid):
             time.sleep(interval)
         print(
             f"tmpi: rank {rank_from_env()}: the launcher (pid {pid}) is gone; stopping",
