@@ -209,7 +209,8 @@ class Watchdog:
         collective: bool,
     ) -> list[int]:
         """The peers to blame: the silent ones; when none is silent, for a collective, those
-        not waiting at this phase or a later one (busy elsewhere, or behind)."""
+        not waiting at this phase or a later one (busy elsewhere, or behind) -- or, when such
+        a peer is itself waiting elsewhere, the silent ranks of the whole job."""
         ranks = [r for r in (peers or range(self.size)) if r != self.rank]
         silent = [r for r in ranks if not self._fresh(r, now, started, heard)]
         if silent or not collective:
@@ -221,6 +222,12 @@ class Watchdog:
             rseq, rphase, rwaited, _ = heard[r][1]
             if rwaited < 0 or rseq < seq or (rseq == seq and rphase != phase):
                 out.append(r)
+        if any(heard[r][1][2] >= 0 for r in out):  # a late peer that itself waits (an EASGD
+            # worker in its exchange with a stopped server): blame whom the job waits for
+            everyone = (r for r in range(self.size) if r != self.rank)
+            silent = [r for r in everyone if not self._fresh(r, now, started, heard)]
+            if silent:
+                return silent
         return out
 
     def _decider(self, now: float, heard: dict[int, Any], missing: list[int]) -> bool:
