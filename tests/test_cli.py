@@ -149,15 +149,21 @@ def test_new_flags_are_validated(cli, flags: list[str], message: str) -> None:
 
 @pytest.mark.parametrize(
     "model",
-    [["--model", "vgg16", "--set", "data.image_size=256"], ["--model", "mlp"], ["-m", "small_cnn"]],
+    [
+        ["--model", "vgg16", "--set", "data.image_size=256"],
+        ["--model", "googlenet", "--set", "data.image_size=256"],
+        ["--model", "mlp"],
+        ["-m", "small_cnn"],
+    ],
 )
 def test_model_names_are_accepted(cli, model: list[str]) -> None:
-    """vgg16 is configs/vgg16.yaml; mlp and small_cnn (no config file) take the schema
-    defaults. The config validates, so the run stops at the next check: the rank count."""
+    """vgg16 and googlenet are configs/<name>.yaml; mlp and small_cnn (no config file of that
+    name) take the schema defaults. The config validates, so the run stops at the next check:
+    the rank count. tests/models/test_recipes.py checks every registered name."""
     line = one_line_error(cli("train", "-n", "3", "--strategy", "copper", *model))
     assert "power-of-2" in line and "N=3" in line
 
 
 def test_unknown_model_is_one_line(cli) -> None:
     line = one_line_error(cli("train", "--model", "vggnet"))
-    assert "no model config 'vggnet'" in line and "vgg16" in line
+    assert "no model config 'vggnet'" in line and "vgg16" in line and "googlenet" in line

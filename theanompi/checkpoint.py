@@ -4,9 +4,11 @@ Layout of ``<checkpoint_dir>/epoch_0003.npz`` (written after 3 finished epochs):
 
 * ``p000`` ... : parameter values, in ``model.params`` order;
 * ``o000`` ... : optimizer state (momentum buffers ...), in ``model.opt_state`` order;
+* ``b000`` ... : non-trainable buffers (batch-norm running statistics), in ``model.buffers``
+  order (absent in checkpoints of models without buffers and in older checkpoints);
 * ``meta``     : a 0-d unicode array holding JSON with at least ``param_names``,
-  ``param_shapes``, ``opt_names``, ``opt_shapes``, ``epoch``, ``step``, and
-  whatever the caller adds (``config``, ``rng`` states, ...).
+  ``param_shapes``, ``opt_names``, ``opt_shapes``, ``buf_names``, ``buf_shapes``, ``epoch``,
+  ``step``, and whatever the caller adds (``config``, ``rng`` states, ...).
 
 Files are written through :func:`theanompi.io.atomic_write`, so an interrupted
 save never replaces (or half-writes) a good checkpoint. Rank-local state (for
@@ -64,12 +66,14 @@ _NAME_RE = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.npz$")
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: ``params`` and ``opt_state`` (lists of ndarray) and ``meta`` (dict)."""
+    """A loaded checkpoint: ``params``, ``opt_state`` and ``buffers`` (lists of ndarray) and
+    ``meta`` (dict)."""
 
     path: Path
     params: list[np.ndarray]
     opt_state: list[np.ndarray]
     meta: dict[str, Any] = field(default_factory=dict)
+    buffers: list[np.ndarray] = field(default_factory=list)
 
     @property
     def epoch(self) -> int:
@@ -110,18 +114,24 @@ def save_arrays(
     params: list[np.ndarray],
     opt_state: list[np.ndarray],
     meta: dict[str, Any],
+    buffers: list[np.ndarray] | None = None,
 ) -> Path:
     """Write arrays + JSON ``meta`` atomically in the checkpoint format; return the path.
 
     ``meta`` must be JSON-serialisable (numpy scalars are converted).
     """
     path = Path(path)
+    buffers = list(buffers or [])
     payload: dict[str, np.ndarray] = {}
     for i, a in enumerate(params):
         payload[f"p{i:03d}"] = np.asarray(a)
     for i, a in enumerate(opt_state):
         payload[f"o{i:03d}"] = np.asarray(a)
+    for i, a in enumerate(buffers):
+        payload[f"b{i:03d}"] = np.asarray(a)
     full = {"format": FORMAT_VERSION, "n_params": len(params), "n_opt": len(opt_state), **meta}
+    if buffers:
+        full["n_buf"] = len(buffers)
     payload["meta"] = np.array(json.dumps(full, default=_json_default, sort_keys=True))
     with atomic_write(path) as tmp:
         with open(tmp, "wb") as fh:
@@ -130,15 +140,17 @@ def save_arrays(
 
 
 def save_checkpoint(path: str | Path, model: Any, meta: dict[str, Any]) -> Path:
-    """Save ``model.params`` and ``model.opt_state`` with ``meta`` (epoch, step, config, rng ...).
+    """Save ``model.params``, ``model.opt_state`` and ``model.buffers`` with ``meta`` (epoch,
+    step, config, rng ...).
 
     ``model`` is anything with ``params`` and ``opt_state`` lists of shared
-    variables or arrays (an EASGD server may pass its centre variable this way).
-    Names and shapes are added to the meta. Returns the path written.
+    variables or arrays (an EASGD server may pass its centre variable this way), and
+    optionally ``buffers``. Names and shapes are added to the meta. Returns the path written.
     """
     params = list(model.params)
     opt = list(getattr(model, "opt_state", []) or [])
-    pv, ov = array_values(params), array_values(opt)
+    bufs = list(getattr(model, "buffers", []) or [])
+    pv, ov, bv = array_values(params), array_values(opt), array_values(bufs)
     full = {
         "param_names": array_names(params, "param"),
         "param_shapes": [list(a.shape) for a in pv],
@@ -146,7 +158,10 @@ def save_checkpoint(path: str | Path, model: Any, meta: dict[str, Any]) -> Path:
         "opt_shapes": [list(a.shape) for a in ov],
         **meta,
     }
-    return save_arrays(path, pv, ov, full)
+    if bufs:
+        full["buf_names"] = array_names(bufs, "buffer")
+        full["buf_shapes"] = [list(a.shape) for a in bv]
+    return save_arrays(path, pv, ov, full, bv)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -161,12 +176,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             meta = json.loads(str(z["meta"][()]))
             params = [z[f"p{i:03d}"] for i in range(int(meta["n_params"]))]
             opt = [z[f"o{i:03d}"] for i in range(int(meta["n_opt"]))]
+            bufs = [z[f"b{i:03d}"] for i in range(int(meta.get("n_buf", 0)))]
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as err:
         raise DataError(
             f"checkpoint {str(path)!r} is unreadable ({type(err).__name__}: {err}); "
             "delete it to fall back to the previous one"
         ) from None
-    return Checkpoint(path=path, params=params, opt_state=opt, meta=meta)
+    return Checkpoint(path=path, params=params, opt_state=opt, meta=meta, buffers=bufs)
 
 
 def _check_match(
@@ -200,14 +216,19 @@ def _check_match(
 
 
 def apply_checkpoint(model: Any, ckpt: Checkpoint, *, opt_state: bool = True) -> None:
-    """Copy the checkpoint's params (and ``opt_state``) into the model's shared variables.
+    """Copy the checkpoint's params and buffers (and ``opt_state``) into the model's shared
+    variables.
 
     Names (in order) and shapes must match; a mismatch raises a one-line
-    ``ConfigError`` naming the parameter. Values are cast to the variable's dtype.
+    ``ConfigError`` naming the parameter (or buffer: a checkpoint without batch-norm
+    statistics does not fit a model with them, nor the other way round). Values are cast
+    to the variable's dtype.
     """
     where = f"checkpoint {ckpt.path.name}"
     _check_match(where, "param", ckpt.meta.get("param_names", []), list(model.params), ckpt.params)
-    groups = [(list(model.params), ckpt.params)]
+    bufs = list(getattr(model, "buffers", []) or [])
+    _check_match(where, "buffer", ckpt.meta.get("buf_names", []), bufs, ckpt.buffers)
+    groups = [(list(model.params), ckpt.params), (bufs, ckpt.buffers)]
     if opt_state:
         items = list(getattr(model, "opt_state", []) or [])
         _check_match(where, "opt", ckpt.meta.get("opt_names", []), items, ckpt.opt_state)

@@ -15,7 +15,7 @@ import numpy as np
 from theanompi.data._fault import fault_point
 from theanompi.errors import DivergedError, ResourceError
 from theanompi.metrics import validate
-from theanompi.params import assert_identical, get_values, set_values
+from theanompi.params import assert_identical, bcast_values, get_values, set_values
 from theanompi.progress import Progress, StepStats
 from theanompi.signals import StopFlag
 from theanompi.watchdog import Watchdog
@@ -165,6 +165,8 @@ class Trainer:
     ) -> dict[str, Any]:
         t_start = wtime()
         n_epochs = self.settings.n_epochs
+        with self._waiting("the buffer broadcast"):  # worker 0's (the checkpoint's on resume)
+            bcast_values(getattr(self.model, "buffers", []), self.comm)
         summary: dict[str, Any] = {"val_top1_err": None, "val_top5_err": None, "val_loss": None}
         interrupted = False
         epoch = epochs_done = start_epoch
@@ -344,9 +346,33 @@ class Trainer:
         t0 = wtime()
         with self._waiting("a mid-epoch checkpoint"):
             self._check_params(epoch, step)
+            self.average_buffers()
             self.last_ckpt = str(self.snap.save(epoch, step, {"mid_epoch": True}, k))
         self._next_ckpt_t = wtime() + 60 * self.settings.checkpoint_every_minutes
         self.timeline.add("checkpoint", t0, wtime(), step=step)
+
+    def average_buffers(self) -> None:
+        """Collective over the workers: replace every rank's ``model.buffers`` (batch-norm
+        running statistics, updated by each rank's own batches) by their mean over the
+        workers, summed in float64 in one ``Allreduce``. Called at each epoch end (before
+        validation and the checkpoint) and before a mid-epoch checkpoint, so validation and
+        checkpoints see one set of statistics under every rule (EASGD: the workers' mean
+        beside the centre's parameters; GOSGD: the mean of all ranks)."""
+        bufs = list(getattr(self.model, "buffers", []) or [])
+        if not bufs or self.size == 1:
+            return
+        from mpi4py import MPI
+
+        vals = get_values(bufs)
+        flat = np.concatenate([np.asarray(v, np.float64).ravel() for v in vals])
+        total = np.empty_like(flat)
+        self.comm.Allreduce(flat, total, op=MPI.SUM)
+        total /= self.size
+        out, at = [], 0
+        for v in vals:
+            out.append(total[at : at + v.size].reshape(v.shape).astype(v.dtype))
+            at += v.size
+        set_values(bufs, out)
 
     def _sum_over_ranks(self, n: int) -> int:
         """Collective: a buffer ``Allreduce`` (a first pickled ``allreduce`` on a
@@ -375,6 +401,8 @@ class Trainer:
         with self._waiting("the rule's epoch end", collective=rule.synchronous):
             rule.epoch_end(model)
             values = rule.eval_values(model)
+        with self._waiting("the buffer average"):
+            self.average_buffers()
         own = None
         if values is not None:  # validate and save the rule's values, then train on our own
             own = [np.array(a, copy=True) for a in get_values(model.params)]

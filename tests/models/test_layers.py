@@ -186,11 +186,87 @@ def test_lrn_forward_and_grad(n):
         L.LRN((7, 4, 4), n=4)
 
 
+def test_lrn_without_dividing_alpha_by_n():
+    """pylearn2/Theano-MPI's ``k + alpha * sum`` (no ``/n``), against the reference."""
+    layer, x, out = build64(lambda s: L.LRN(s, n=3, alpha=0.2, alpha_over_n=False), (6, 3, 3))
+    xv = R.standard_normal((2, 6, 3, 3)) * 2
+    want = ref_lrn(xv, 3, 2.0, 0.2 * 3, 0.75)  # ref_lrn divides by n
+    np.testing.assert_allclose(forward(layer, x, out, xv), want, rtol=1e-12)
+    check_grads(layer, x, out, xv)
+
+
 def test_relu_forward_and_grad():
     layer, x, out = build64(lambda s: L.ReLU(s), (3, 4, 4))
     xv = R.standard_normal((2, 3, 4, 4))
     np.testing.assert_array_equal(forward(layer, x, out, xv), np.maximum(xv, 0))
     check_grads(layer, x, out, xv)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_relu_gradient_is_zero_at_exactly_zero(dtype):
+    """PyTorch/Caffe's convention (PyTensor's maximum sends 1 at 0); elsewhere the gradient
+    is the one-sided finite difference; NaN passes through; the C graph is one elemwise."""
+    x = pt.vector("x", dtype=dtype)
+    y = L.ReLU((5,))(x)
+    fn = pytensor.function([x], [y, pytensor.grad(y.sum(), x)])
+    xv = np.array([-2.0, -0.0, 0.0, 1e-30, 3.0], dtype=dtype)
+    val, grad = fn(xv)
+    np.testing.assert_array_equal(val, [0, 0, 0, xv[3], 3.0])  # (-0.0 == 0: -2 gives -0.0)
+    np.testing.assert_array_equal(grad, [0, 0, 0, 1, 1])
+    for i, v in enumerate(xv):  # away from 0: the central difference of the compiled forward
+        if v != 0:
+            h = abs(v) / 4
+            f = fn(np.array([v + h, v - h], dtype))[0]
+            assert grad[i] == pytest.approx((f[0] - f[1]) / (2 * h), rel=1e-6)
+    h = 1e-3
+    right = (fn(np.array([h], dtype))[0] - fn(np.array([0], dtype))[0]) / h
+    left = (fn(np.array([0], dtype))[0] - fn(np.array([-h], dtype))[0]) / h
+    assert left == 0 and right == pytest.approx(1)  # the subgradient picked is the left one
+    assert np.isnan(fn(np.array([np.nan], dtype))[0]).all()
+    elemwise = [n for n in fn.maker.fgraph.apply_nodes if n.op.__class__.__name__ == "Elemwise"]
+    assert len(elemwise) == 1, [str(n.op) for n in elemwise]  # forward + grad fused in one loop
+
+
+def test_params_are_tagged_for_decay_and_lr_multipliers():
+    """Lasagne-style tags: W regularizable, b not (and its lr multiplier), BN scales not."""
+    from theanompi.models.optim import SGD, param_tags
+
+    conv = L.Conv2D((3, 8, 8), 4, 3, name="c", b_lr_mult=2.0)
+    fc = L.Dense((4,), 3, name="fc")
+    bn = L.BatchNorm((4, 2, 2), name="bn")
+    layers = conv.params + fc.params + bn.params
+    tags = {p.name: (p.tag.regularizable, p.tag.lr_mult) for p in layers}
+    assert tags == {
+        "c.W": (True, 1.0),
+        "c.b": (False, 2.0),
+        "fc.W": (True, 1.0),
+        "fc.b": (False, 1.0),
+        "bn.gamma": (False, 1.0),
+        "bn.beta": (False, 1.0),
+    }
+    with pytest.raises(ValueError, match=r"c2.b: lr_mult=-1.0 must be >= 0"):
+        L.Conv2D((3, 8, 8), 4, 3, name="c2", b_lr_mult=-1.0)
+    # untagged (hand-made) parameters keep the old rule: decay iff ndim > 1, lr x 1
+    w = pytensor.shared(np.ones((2, 2)), name="w")
+    assert param_tags(w) == (True, 1.0) and param_tags(pytensor.shared(np.ones(2))) == (False, 1.0)
+
+    # SGD reads the tags: one step from zero velocity, against numpy
+    lr, mu, wd = 0.1, 0.9, 0.01
+    u = pytensor.shared(np.full((2, 2), 3.0), name="u")  # a matrix tagged not regularizable
+    u.tag.regularizable, u.tag.lr_mult = False, 0.5
+    v = pytensor.shared(np.full(3, 2.0), name="v")  # a vector tagged regularizable
+    v.tag.regularizable, v.tag.lr_mult = True, 2.0
+    params = [w, u, v]
+    opt = SGD(params, pytensor.shared(np.float64(lr)), momentum=mu, weight_decay=wd)
+    grads = [pt.ones_like(p) for p in params]
+    pytensor.function([], [], updates=opt.updates(grads), mode=PY)()
+    np.testing.assert_allclose(w.get_value(), 1 - lr * (1 + wd * 1))
+    np.testing.assert_allclose(u.get_value(), 3 - lr * 0.5 * 1)
+    np.testing.assert_allclose(v.get_value(), 2 - lr * 2.0 * (1 + wd * 2))
+    np.testing.assert_allclose(opt.state[2].get_value(), -lr * 2.0 * (1 + wd * 2))
+    v.tag.lr_mult = float("nan")
+    with pytest.raises(ValueError, match=r"v: tag.lr_mult=nan must be >= 0"):
+        SGD(params, pytensor.shared(np.float64(lr)))
 
 
 def test_dense_and_flatten_forward_and_grad():

@@ -1,5 +1,6 @@
 """Benchmark a model's train step: ours (PyTensor C) vs the same net in PyTorch CPU, the GEMM
-floor, and compile time with a cold and a warm compile cache.
+floor, our peak resident memory per case (``VmHWM``, and its ratio to the parameter bytes),
+and compile time with a cold and a warm compile cache.
 
 Run ``python -m theanompi.bench.model`` (``tmpi bench model``); ``--help`` lists the options.
 """
@@ -7,6 +8,7 @@ Run ``python -m theanompi.bench.model`` (``tmpi bench model``); ``--help`` lists
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -14,7 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
+
+from theanompi.bench._memory import MB, param_bytes, peak_rss_bytes, reset_peak_rss, rss_bytes
 
 __all__ = ["main"]
 
@@ -23,6 +28,7 @@ CASES = {
     "small_cnn": dict(name="small_cnn", input_size=28, channels=3, n_classes=10),
     "googlenet": dict(name="googlenet", input_size=224, channels=3, n_classes=1000),
     "vgg16": dict(name="vgg16", input_size=224, channels=3, n_classes=1000),
+    "resnet50": dict(name="resnet50", input_size=224, channels=3, n_classes=1000),
     "mlp": dict(name="mlp", input_size=28, channels=3, n_classes=10),
 }
 
@@ -162,6 +168,8 @@ def _torch_net(model: Any) -> Any:
             return nn.Sequential(nn.Flatten(), lin) if len(layer.in_shape) > 1 else lin
         if isinstance(layer, L.Concat):
             return _TorchConcat([tr(b) for b in layer.branches])
+        if isinstance(layer, L.Residual):
+            return _TorchResidual(tr(layer.main), tr(layer.shortcut) if layer.shortcut else None)
         if isinstance(layer, L.BatchNorm):
             return (
                 nn.BatchNorm2d(layer.in_shape[0])
@@ -187,6 +195,21 @@ class _TorchConcat:  # built lazily as an nn.Module subclass (torch is a dev dep
                 return torch.cat([b(x) for b in self.bs], dim=1)
 
         return Concat(branches)
+
+
+class _TorchResidual:  # main(x) + shortcut(x), the identity when there is no shortcut
+    def __new__(cls, main: Any, shortcut: Any) -> Any:
+        import torch.nn as nn
+
+        class Residual(nn.Module):
+            def __init__(self, m: Any, s: Any) -> None:
+                super().__init__()
+                self.main, self.shortcut = m, s
+
+            def forward(self, x: Any) -> Any:
+                return self.main(x) + (x if self.shortcut is None else self.shortcut(x))
+
+        return Residual(main, shortcut)
 
 
 def _torch_step(model: Any, batch: int, threads: int) -> Any:
@@ -276,13 +299,18 @@ def _compile_only(name: str) -> int:
 
 
 def _compile_times(name: str) -> dict[str, float]:
-    """Cold (fresh THEANOMPI_CACHE) then warm (same cache) compile, each in a new process."""
+    """Cold (fresh THEANOMPI_CACHE) then warm (same cache) compile, each in a new process:
+    wall seconds (``cold``, ``warm``), CPU seconds of the process and its compilers
+    (``cold_cpu``, ``warm_cpu``: user + sys) and the C modules the cold one compiled."""
+    import resource
+
     from theanompi.pytensor_env import unconfigured_env
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="tmpi-cache-") as cache:
         env = {**unconfigured_env(), "THEANOMPI_CACHE": cache}
         for label in ("cold", "warm"):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             proc = subprocess.run(
                 [sys.executable, "-m", "theanompi.bench.model", "--_compile_only", name],
                 capture_output=True,
@@ -292,7 +320,11 @@ def _compile_times(name: str) -> dict[str, float]:
             )
             if proc.returncode != 0:
                 raise RuntimeError(f"compile child failed: {proc.stderr[-2000:]}")
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             out[label] = json.loads(proc.stdout.strip().splitlines()[-1])["total_s"]
+            out[f"{label}_cpu"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            if label == "cold":
+                out["modules"] = len(list(Path(cache).glob("pytensor/*/*/tmp*/key.pkl")))
     return out
 
 
@@ -321,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"BLAS: 2048^2 float32 Dot22 = {gflops:.1f} GFLOP/s on {threads} thread(s)")
     rows = []
     for name, batch in cases:
+        gc.collect()  # the previous case's model, before the peak restarts from here
+        per_case = reset_peak_rss()  # else the peak counts from the process start
+        start = rss_bytes()
         r = _build_ours(CASES[name], batch)
         rj = _build_ours(CASES[name], batch, "jax") if args.backend == "jax" else None
         peer = None
@@ -341,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch_t += peer.timed(args.steps)
         if peer is not None:
             peer.close()
+        peak = peak_rss_bytes()
+        pbytes = param_bytes(r["model"].params)
         ours_ips = batch / statistics.median(ours_t)
         torch_ips = batch / statistics.median(torch_t) if torch_t else float("nan")
         floor_ips = gflops * 1e9 / r["train_flops"]
@@ -353,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
             "gemm_floor_img_s": floor_ips,
             "train_gflop_per_img": r["train_flops"] / 1e9,
             "compile_s_in_process": r["compile_s"],
+            "param_mb": pbytes / MB,
+            "peak_rss_mb": peak / MB,
+            "peak_rss_x_params": peak / pbytes if pbytes else float("nan"),
+            "peak_rss_scope": "case" if per_case else "process",
+            "rss_start_mb": start / MB,
         }
         if rj is not None:
             row["jax_img_s"] = batch / statistics.median(jax_t)
@@ -363,6 +405,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:>10} b={batch:<4} ours {ours_ips:8.1f} img/s | torch {torch_ips:8.1f} img/s | "
             f"ours/torch {row['ratio']:.2f} | GEMM floor {floor_ips:8.1f} img/s "
             f"({row['train_gflop_per_img']:.2f} GFLOP/img)",
+            flush=True,
+        )
+        print(
+            f"{'':>10} b={batch:<4} peak RSS {row['peak_rss_mb']:8.0f} MB = "
+            f"{row['peak_rss_x_params']:.1f} x params ({row['param_mb']:.0f} MB); "
+            + (
+                f"{start / MB:.0f} MB at the case's start"
+                if per_case
+                else "since the process start"
+            ),
             flush=True,
         )
         if "jax_img_s" in row:
@@ -379,19 +431,22 @@ def main(argv: list[str] | None = None) -> int:
             compile_rows[name] = _compile_times(name)
             c = compile_rows[name]
             print(
-                f"{name:>10} compile+build: cold cache {c['cold']:.1f} s, warm cache {c['warm']:.1f} s"
+                f"{name:>10} compile+build: cold cache {c['cold']:.1f} s "
+                f"({c['cold_cpu']:.1f} s CPU, {c['modules']:.0f} C modules), "
+                f"warm cache {c['warm']:.1f} s ({c['warm_cpu']:.1f} s CPU)"
             )
     print()
     jx = args.backend == "jax"
     print(
         "| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |"
-        + (" JAX img/s |" if jx else "")
+        " peak RSS MB (x params) |" + (" JAX img/s |" if jx else "")
     )
-    print("|---|---|---|---|---|---|" + ("---|" if jx else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if jx else ""))
     for r in rows:
         print(
             f"| {r['model']} | {r['batch']} | {r['ours_img_s']:.1f} | {r['torch_img_s']:.1f} | "
-            f"{r['ratio']:.2f} | {r['gemm_floor_img_s']:.1f} |"
+            f"{r['ratio']:.2f} | {r['gemm_floor_img_s']:.1f} | "
+            f"{r['peak_rss_mb']:.0f} ({r['peak_rss_x_params']:.1f}x) |"
             + (f" {r['jax_img_s']:.1f} |" if jx else "")
         )
     if args.json:

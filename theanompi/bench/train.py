@@ -5,7 +5,9 @@
 (``OPENBLAS_NUM_THREADS=1``), runs ``theanompi.train.run`` (BSP) for ``--steps`` steps (one epoch
 capped by ``training.max_steps``, no checkpoints) and prints a table of medians
 per step: images/s, step time and its split into compute / exchange / data
-wait, plus the speed-up of each N over N=1 (goal: N=2 >= 1.7x). The demo data
+wait, each rank's peak resident memory (``VmHWM``: build, steps, exchanges and validation)
+and its ratio to the parameter bytes, plus the speed-up of each N over N=1
+(goal: N=2 >= 1.7x). The demo data
 set is built into ``bench_out/digits`` on first use when ``--data`` is not given
 and ``data/digits`` does not exist.
 """
@@ -21,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from theanompi.bench._memory import MB
 from theanompi.comm import under_mpirun
 
 __all__ = ["main"]
@@ -71,6 +74,9 @@ def _overrides(args: argparse.Namespace, data: Path, run_dir: Path) -> dict[str,
         "weight_exchange.exch_strategy": args.strategy,
         "weight_exchange.sync_type": args.sync_type,
     }
+    manifest = data / "misc" / "manifest.json"
+    if manifest.exists():  # the stored size, so models with larger crops (AlexNet) fit
+        over["data.image_size"] = int(json.loads(manifest.read_text())["size"])
     if args.batch_size:
         over["model.batch_size"] = args.batch_size
     return over
@@ -92,7 +98,9 @@ def _worker(args: argparse.Namespace) -> int:
 
     from mpi4py import MPI
 
+    from theanompi.bench._memory import param_bytes, peak_rss_bytes
     from theanompi.config import check_world_size, load_config
+    from theanompi.models import create_model
     from theanompi.train import run as train_run
 
     world = MPI.COMM_WORLD
@@ -100,11 +108,13 @@ def _worker(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tmpi-bench-") as tmp:
         cfg = load_config(None, args.model, _overrides(args, args.data, Path(tmp) / "run"))
         check_world_size(cfg, comm.Get_size())
+        model = create_model(cfg.model)
         world.Barrier()
         with contextlib.redirect_stdout(io.StringIO()):
-            s = train_run(cfg, comm=comm)
+            s = train_run(cfg, comm=comm, model=model)
     b = int(cfg.model.batch_size)
     mine = {k: s[f"median_{k}_s"] for k in ("wall", "compute", "exchange", "wait")}
+    mine["peak_rss"] = peak_rss_bytes()  # the whole run: build, steps, exchanges, validation
     everyone = world.gather(mine, root=0)
     if world.Get_rank() == 0:
         n = world.Get_size()
@@ -122,7 +132,11 @@ def _worker(args: argparse.Namespace) -> int:
             "compute_s": mine["compute"],
             "exchange_s": mine["exchange"],
             "wait_s": mine["wait"],
+            "param_mb": param_bytes(model.params) / MB,
+            "peak_rss_mb": max(r["peak_rss"] for r in everyone) / MB,
+            "peak_rss_mb_per_rank": [r["peak_rss"] / MB for r in everyone],
         }
+        row["peak_rss_x_params"] = row["peak_rss_mb"] / row["param_mb"]
         args.worker.write_text(json.dumps(row))
     return 0
 
@@ -180,11 +194,20 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return runs[len(runs) // 2] | {"repeats_images_per_s": [r["images_per_s"] for r in runs]}
 
 
+def _rss_cell(row: dict[str, Any]) -> str:
+    """``max (x params)``, plus every rank's peak when there are several; ``-`` if unmeasured."""
+    if "peak_rss_mb" not in row:
+        return "-"
+    ranks = row["peak_rss_mb_per_rank"]
+    each = "" if len(ranks) == 1 else " [" + " ".join(f"{v:.0f}" for v in ranks) + "]"
+    return f"{row['peak_rss_mb']:.0f} ({row['peak_rss_x_params']:.1f}x){each}"
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     base = next((r["images_per_s"] for r in rows if r["n"] == 1 and not r["independent"]), None)
     head = (
         f"{'run':<22} {'images/s':>9} {'vs N=1':>7} {'step ms':>8} {'compute':>8} "
-        f"{'exchange':>9} {'wait':>6}"
+        f"{'exchange':>9} {'wait':>6} {'peak RSS MB/rank (x params)':>28}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -196,7 +219,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         up = f"{r['images_per_s'] / base:.2f}x" if base else "-"
         lines.append(
             f"{what:<22} {r['images_per_s']:>9,.0f} {up:>7} {r['step_s'] * 1e3:>8.1f} "
-            f"{r['compute_s'] * 1e3:>8.1f} {r['exchange_s'] * 1e3:>9.2f} {r['wait_s'] * 1e3:>6.2f}"
+            f"{r['compute_s'] * 1e3:>8.1f} {r['exchange_s'] * 1e3:>9.2f} {r['wait_s'] * 1e3:>6.2f} "
+            f"{_rss_cell(r):>28}"
         )
     return "\n".join(lines)
 

@@ -17,6 +17,7 @@ __all__ = ["create_model", "MODELS", "Model"]
 MODELS: dict[str, tuple[str, str]] = {
     "alexnet": ("theanompi.models.alexnet", "AlexNet"),
     "googlenet": ("theanompi.models.googlenet", "GoogLeNet"),
+    "resnet50": ("theanompi.models.resnet", "ResNet50"),
     "vgg16": ("theanompi.models.vgg", "VGG16"),
     "mlp": ("theanompi.models.mlp", "MLP"),
     "small_cnn": ("theanompi.models.small_cnn", "SmallCNN"),

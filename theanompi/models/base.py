@@ -48,6 +48,10 @@ class Model:
         between workers and checkpointed.
     ``opt_state``
         list of shared variables (momentum buffers ``conv1.W.v``): checkpointed only.
+    ``buffers``
+        list of non-trainable shared variables that the training step updates (batch-norm
+        running ``bn1.mean``/``bn1.var``; empty without BN): per rank while training,
+        averaged over the workers at each epoch end and before each checkpoint, checkpointed.
     ``grads``
         shared variables shaped like ``params``, written by :meth:`compute_grads`.
     ``input_shape``, ``n_classes``, ``lr``
@@ -85,6 +89,8 @@ class Model:
     """
 
     name = "model"
+    #: non-trainable state (batch-norm running statistics); a hand-made graph sets its own
+    buffers: list[Any] = []
     #: model-specific ``arch`` keys and their defaults; unknown keys raise ConfigError
     ARCH_DEFAULTS: dict[str, Any] = {}
 
@@ -117,6 +123,7 @@ class Model:
                     f"({self.n_classes},); check n_classes and arch"
                 )
             self.params = list(self.net.params)
+            self.buffers = list(self.net.state)
         self.setup_optimizer()
         self._fns: dict[str, Any] = {}
         self._mode: Any = None
@@ -267,7 +274,7 @@ class Model:
             )
         if self.backend == "jax":
             fn.trust_input = True  # _xy hands it device arrays of the right types
-            to_device(self.params + self.opt_state + self.grads + [self.lr])
+            to_device(self.params + self.opt_state + self.grads + [self.lr] + self.buffers)
         self.compile_seconds[key] = time.perf_counter() - t0
         self._fns[key] = fn
         return fn

@@ -31,6 +31,7 @@ from theanompi.models.ops import (  # noqa: E402
     pool2d,
     pool_output_size,
 )
+from theanompi.models.ops.batchnorm import batch_norm_infer, batch_norm_train  # noqa: E402
 
 __all__ = [
     "Layer",
@@ -47,6 +48,7 @@ __all__ = [
     "Flatten",
     "Concat",
     "BatchNorm",
+    "Residual",
     "pool_output_size",
 ]
 
@@ -125,9 +127,27 @@ class Layer:
         """Number of trainable scalars."""
         return int(sum(p.get_value(borrow=True).size for p in self.params))
 
-    def _param(self, suffix: str, value: np.ndarray) -> Any:
+    def _param(
+        self,
+        suffix: str,
+        value: np.ndarray,
+        *,
+        regularizable: bool | None = None,
+        lr_mult: float = 1.0,
+    ) -> Any:
+        """Add a trainable shared variable ``<layer>.<suffix>`` to ``params`` and tag it.
+
+        The tags (as Lasagne's ``add_param(..., regularizable=...)``) tell the optimiser
+        what to do with it: ``p.tag.regularizable`` (weight decay applies; ``None``: only
+        if ``value.ndim > 1``, so weights yes, biases and batch-norm scales no) and
+        ``p.tag.lr_mult`` (the learning rate is multiplied by it; 1.0).
+        """
         value = np.asarray(value, dtype=_floatx())
+        if not isinstance(lr_mult, (int, float)) or not np.isfinite(lr_mult) or lr_mult < 0:
+            raise ValueError(f"{self.name}.{suffix}: lr_mult={lr_mult!r} must be >= 0, e.g. 2.0")
         p = pytensor.shared(value, name=f"{self.name}.{suffix}", borrow=True)
+        p.tag.regularizable = bool(value.ndim > 1 if regularizable is None else regularizable)
+        p.tag.lr_mult = float(lr_mult)
         self.params.append(p)
         return p
 
@@ -207,6 +227,9 @@ class Conv2D(Layer):
         Add a per-channel bias ``b`` (initialised to ``b_init``).
     rng : numpy Generator, optional
         Source of the He-normal initial weights (or ``std`` Gaussian if given).
+    b_lr_mult : float
+        Learning-rate multiplier of ``b`` (its ``tag.lr_mult``; Caffe/Theano-MPI use 2).
+        ``W`` is tagged regularizable (weight decay), ``b`` is not.
 
     Examples
     --------
@@ -228,6 +251,7 @@ class Conv2D(Layer):
         rng: np.random.Generator | None = None,
         std: float | None = None,
         b_init: float = 0.0,
+        b_lr_mult: float = 1.0,
     ) -> None:
         super().__init__(_check_shape(in_shape, 3, name), name)
         c, h, w = self.in_shape
@@ -258,10 +282,15 @@ class Conv2D(Layer):
         self.out_shape = (self.n_filters, ho, wo)
         rng = rng if rng is not None else np.random.default_rng(0)
         fan_in = (c // self.groups) * self.k[0] * self.k[1]
-        self.W = self._param(
-            "W", _he(rng, (self.n_filters, c // self.groups, *self.k), fan_in, std)
+        w_init = _he(rng, (self.n_filters, c // self.groups, *self.k), fan_in, std)
+        self.W = self._param("W", w_init, regularizable=True)
+        self.b = (
+            self._param(
+                "b", np.full(self.n_filters, b_init), regularizable=False, lr_mult=b_lr_mult
+            )
+            if bias
+            else None
         )
-        self.b = self._param("b", np.full(self.n_filters, b_init)) if bias else None
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
         # shared variables carry no static shape: state it, so that every shape downstream
@@ -348,11 +377,16 @@ class GlobalAvgPool(Layer):
 class LRN(Layer):
     """AlexNet's cross-channel local response normalisation.
 
-    ``y_c = x_c / (k + alpha/n * sum_{|c'-c| <= n//2} x_c'^2) ** beta`` (Caffe's convention;
-    Krizhevsky et al. 2012 use n=5, k=2, alpha=1e-4, beta=0.75).
+    ``y_c = x_c / (k + alpha/n * sum_{|c'-c| <= n//2} x_c'^2) ** beta`` (Caffe's and
+    PyTorch's convention; Krizhevsky et al. 2012 use n=5, k=2, alpha=1e-4, beta=0.75).
+    ``alpha_over_n=False`` drops the ``/n`` (``k + alpha * sum``: pylearn2's
+    ``CrossChannelNormalization``, used by theano_alexnet and Theano-MPI), i.e. the same
+    layer with ``alpha * n``.
 
     >>> LRN((96, 27, 27), n=5).out_shape
     (96, 27, 27)
+    >>> LRN((96, 27, 27), alpha=1e-4, alpha_over_n=False).alpha_op
+    0.0005
     """
 
     def __init__(
@@ -363,6 +397,7 @@ class LRN(Layer):
         alpha: float = 1e-4,
         beta: float = 0.75,
         name: str = "lrn",
+        alpha_over_n: bool = True,
     ) -> None:
         super().__init__(_check_shape(in_shape, 3, name), name)
         if not isinstance(n, (int, np.integer)) or n < 1 or n % 2 == 0:
@@ -374,23 +409,35 @@ class LRN(Layer):
                 f"{name}: need k > 0, alpha >= 0, beta >= 0; got k={k!r}, alpha={alpha!r}, beta={beta!r}"
             )
         self.n, self.k, self.alpha, self.beta = int(n), float(k), float(alpha), float(beta)
+        self.alpha_over_n = bool(alpha_over_n)
+        #: the ``alpha`` of the Op, which always divides by ``n``
+        self.alpha_op = self.alpha if self.alpha_over_n else self.alpha * self.n
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        return lrn(x, self.n, self.k, self.alpha, self.beta)
+        return lrn(x, self.n, self.k, self.alpha_op, self.beta)
 
 
 class ReLU(Layer):
-    """Rectifier ``max(x, 0)``; any input shape.
+    """Rectifier ``max(x, 0)``; any input shape; the one rectifier every model uses.
 
-    >>> ReLU((3, 4, 4)).out_shape
-    (3, 4, 4)
+    Its gradient is 0 at exactly ``x == 0``, as in PyTorch and Caffe (PyTensor's
+    ``maximum(x, 0)`` sends 1 there, which matters: zero biases on a black background make
+    many pre-activations exactly 0). Built as ``x * (x > 0)``: NaN passes through (and
+    ``-inf`` becomes NaN: a diverged net stays visibly diverged), negative inputs give -0.0
+    (equal to 0). Forward and backward each fuse into one elemwise loop; a small-CNN step
+    takes 4% less CPU time than with ``maximum`` (``switch(x <= 0, 0, x)``: 2-9% more).
+
+    >>> import pytensor, pytensor.tensor as pt
+    >>> v = pt.vector("v", dtype="float64")
+    >>> pytensor.function([v], pytensor.grad(ReLU((3,))(v).sum(), v))([-1.0, 0.0, 2.0])
+    array([0., 0., 1.])
     """
 
     def __init__(self, in_shape: Shape, name: str = "relu") -> None:
         super().__init__(in_shape, name)
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        return pt.maximum(x, np.asarray(0, dtype=x.dtype))
+        return x * pt.gt(x, np.asarray(0, dtype=x.dtype))
 
 
 class Dropout(Layer):
@@ -440,6 +487,9 @@ class Flatten(Layer):
 class Dense(Layer):
     """Fully connected layer ``x @ W + b`` (``W``: (n_in, n_out)); flattens its input.
 
+    ``rng``/``std``/``b_init``/``b_lr_mult`` as :class:`Conv2D` (He-normal ``W`` unless
+    ``std`` is given; ``W`` regularizable, ``b`` not, ``b``'s lr times ``b_lr_mult``).
+
     >>> fc = Dense((256, 6, 6), 4096, name="fc6")
     >>> fc.out_shape, fc.n_params()
     ((4096,), 37752832)
@@ -454,6 +504,7 @@ class Dense(Layer):
         rng: np.random.Generator | None = None,
         std: float | None = None,
         b_init: float = 0.0,
+        b_lr_mult: float = 1.0,
     ) -> None:
         super().__init__(in_shape, name)
         if not isinstance(n_out, (int, np.integer)) or n_out < 1:
@@ -461,8 +512,13 @@ class Dense(Layer):
         self.n_in = int(np.prod(self.in_shape))
         self.out_shape = (int(n_out),)
         rng = rng if rng is not None else np.random.default_rng(0)
-        self.W = self._param("W", _he(rng, (self.n_in, int(n_out)), self.n_in, std))
-        self.b = self._param("b", np.full(int(n_out), b_init)) if bias else None
+        w_init = _he(rng, (self.n_in, int(n_out)), self.n_in, std)
+        self.W = self._param("W", w_init, regularizable=True)
+        self.b = (
+            self._param("b", np.full(int(n_out), b_init), regularizable=False, lr_mult=b_lr_mult)
+            if bias
+            else None
+        )
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
         if x.ndim != 2:
@@ -533,8 +589,11 @@ class Concat(Layer):
 class BatchNorm(Layer):
     """Batch normalisation over all axes but the channel axis (axis 1).
 
-    Training uses batch statistics and updates the running ``mean``/``var`` (in ``state``,
-    applied through ``updates``); evaluation uses the running values.
+    Training normalises with the batch's mean and biased variance and moves the running
+    ``mean``/``var`` (non-trainable, in ``state``; applied through ``updates``) towards the
+    batch's mean and variance by ``momentum``; evaluation normalises with the running
+    values. Each pass is one Op (:mod:`theanompi.models.ops.batchnorm`). ``gamma`` starts at
+    ``gamma_init`` (0 for the last BN of a residual branch with ``zero_init_residual``).
 
     >>> bn = BatchNorm((16, 8, 8), name="bn1")
     >>> [p.name for p in bn.params], [s.name for s in bn.state]
@@ -542,7 +601,12 @@ class BatchNorm(Layer):
     """
 
     def __init__(
-        self, in_shape: Shape, eps: float = 1e-5, momentum: float = 0.1, name: str = "bn"
+        self,
+        in_shape: Shape,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        name: str = "bn",
+        gamma_init: float = 1.0,
     ) -> None:
         super().__init__(in_shape, name)
         if not 0.0 < momentum <= 1.0:
@@ -551,7 +615,7 @@ class BatchNorm(Layer):
             raise ValueError(f"{name}: eps={eps!r} must be positive, e.g. 1e-5")
         c = self.in_shape[0]
         self.eps, self.momentum = float(eps), float(momentum)
-        self.gamma = self._param("gamma", np.ones(c))
+        self.gamma = self._param("gamma", np.full(c, gamma_init))
         self.beta = self._param("beta", np.zeros(c))
         fx = _floatx()
         self.mean = pytensor.shared(np.zeros(c, fx), name=f"{name}.mean")
@@ -559,22 +623,57 @@ class BatchNorm(Layer):
         self.state = [self.mean, self.var]
 
     def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
-        axes = tuple(i for i in range(x.ndim) if i != 1)
-        pattern = ["x"] * x.ndim
-        pattern[1] = 0
+        c = self.in_shape[0]
+        # one Op per pass (theanompi.models.ops.batchnorm): a few nodes instead of ~30
+        vecs = (self.gamma, self.beta, self.mean, self.var)
+        args = [x, *(pt.specify_shape(v, (c,)) for v in vecs)]
+        if not train:
+            return batch_norm_infer(*args, eps=self.eps)
+        y, new_mean, new_var, _, _ = batch_norm_train(*args, eps=self.eps, momentum=self.momentum)
+        self.updates = [(self.mean, new_mean), (self.var, new_var)]
+        return y
 
-        def bc(v: Any) -> Any:
-            return v.dimshuffle(*pattern)
 
-        fx = _floatx()
-        if train:
-            mean, var = x.mean(axis=axes), x.var(axis=axes)
-            m = np.asarray(self.momentum, fx)
-            self.updates = [
-                (self.mean, (1 - m) * self.mean + m * mean),
-                (self.var, (1 - m) * self.var + m * var),
-            ]
-        else:
-            mean, var = self.mean, self.var
-        inv = self.gamma / pt.sqrt(var + np.asarray(self.eps, fx))
-        return (x - bc(mean)) * bc(inv) + bc(self.beta)
+class Residual(Layer):
+    """``main(x) + shortcut(x)`` (ResNet's block before its last ReLU); the identity when
+    ``shortcut`` is ``None``. Both branches take this layer's input and give the same shape.
+
+    >>> main = Sequential((8, 4, 4), "m").add(Conv2D, 8, 3, pad=1, bias=False, name="c")
+    >>> Residual((8, 4, 4), main, name="block").out_shape
+    (8, 4, 4)
+    """
+
+    def __init__(
+        self, in_shape: Shape, main: Layer, shortcut: Layer | None = None, name: str = "res"
+    ) -> None:
+        super().__init__(in_shape, name)
+        branches = [main] if shortcut is None else [main, shortcut]
+        outs = {tuple(b.out_shape) for b in branches} | (
+            {self.in_shape} if shortcut is None else set()
+        )
+        if any(tuple(b.in_shape) != self.in_shape for b in branches) or len(outs) != 1:
+            shapes = [(b.in_shape, b.out_shape) for b in branches]
+            raise ValueError(
+                f"{name}: both branches must take {self.in_shape} and give the same shape "
+                f"(the identity shortcut gives its input); got (in, out) = {shapes}"
+            )
+        self.main, self.shortcut = main, shortcut
+        self.out_shape = tuple(main.out_shape)
+        for b in branches:
+            self.params.extend(b.params)
+            self.state.extend(b.state)
+
+    @property
+    def updates(self) -> list[tuple[Any, Any]]:  # type: ignore[override]
+        return list(self.main.updates) + (list(self.shortcut.updates) if self.shortcut else [])
+
+    @updates.setter
+    def updates(self, value: list[tuple[Any, Any]]) -> None:
+        pass
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        short = x if self.shortcut is None else self.shortcut(x, train)
+        return self.main(x, train) + short
+
+    def flops(self) -> int:
+        return self.main.flops() + (self.shortcut.flops() if self.shortcut else 0)

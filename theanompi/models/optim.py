@@ -13,12 +13,29 @@ configure()
 
 import pytensor  # noqa: E402
 
-__all__ = ["SGD", "step_lr"]
+__all__ = ["SGD", "param_tags", "step_lr"]
 
 
 def _zeros_like(p: Any) -> np.ndarray:
     v = p.get_value(borrow=True)
     return np.zeros(v.shape, dtype=v.dtype)  # calloc: pages are touched only when written
+
+
+def param_tags(p: Any) -> tuple[bool, float]:
+    """``(regularizable, lr_mult)`` of a parameter: its tags (set by ``Layer._param``), or
+    for an untagged one the old rule ``(p.ndim > 1, 1.0)``.
+
+    >>> import numpy as np, pytensor
+    >>> b = pytensor.shared(np.zeros(3, "float32"), name="b")
+    >>> param_tags(b)
+    (False, 1.0)
+    >>> b.tag.regularizable, b.tag.lr_mult = True, 2.0
+    >>> param_tags(b)
+    (True, 2.0)
+    """
+    regularizable = getattr(p.tag, "regularizable", None)
+    lr_mult = getattr(p.tag, "lr_mult", 1.0)
+    return bool(p.ndim > 1 if regularizable is None else regularizable), float(lr_mult)
 
 
 def step_lr(
@@ -42,10 +59,15 @@ def step_lr(
 class SGD:
     """Stochastic gradient descent with (Nesterov) momentum and L2 weight decay.
 
-    Velocity ``v <- mu*v - lr*(g + wd*w)``; plain momentum sets ``w <- w + v``, Nesterov
-    ``w <- w + mu*v - lr*(g + wd*w)``. Weight decay applies to weights (``ndim > 1``), not to
-    biases or batch-norm scales. ``state`` holds one velocity per parameter (named
-    ``<param>.v``), which is what a checkpoint must keep.
+    Velocity ``v <- mu*v - lr*m*(g + d*wd*w)``; plain momentum sets ``w <- w + v``, Nesterov
+    ``w <- w + mu*v - lr*m*(g + d*wd*w)``. Per parameter, ``m`` and ``d`` come from the tags
+    that :meth:`~theanompi.models.layers.Layer._param` sets (as Lasagne's
+    ``add_param(..., regularizable=...)``): ``m = p.tag.lr_mult`` (learning-rate
+    multiplier, e.g. 2 for Caffe/Theano-MPI biases) and ``d = p.tag.regularizable`` (weight
+    decay or not). A parameter without tags (a hand-made graph) keeps the old rule: decay
+    iff ``ndim > 1`` (weights, not biases or batch-norm scales), ``m = 1``; see
+    :func:`param_tags`. ``state`` holds one velocity per parameter (named ``<param>.v``),
+    which is what a checkpoint must keep.
 
     Parameters
     ----------
@@ -82,6 +104,10 @@ class SGD:
         if nesterov and momentum == 0:
             raise ValueError("nesterov=True needs momentum > 0, e.g. momentum=0.9")
         self.params = list(params)
+        for p in self.params:
+            mult = param_tags(p)[1]
+            if not np.isfinite(mult) or mult < 0:
+                raise ValueError(f"{p.name}: tag.lr_mult={mult!r} must be >= 0, e.g. 2.0")
         self.lr = lr
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
@@ -100,9 +126,10 @@ class SGD:
         out: list[tuple[Any, Any]] = []
         for p, v, g in zip(self.params, self.state, grads, strict=True):
             g = g.astype(fx)
-            if self.weight_decay and p.ndim > 1:
+            regularizable, lr_mult = param_tags(p)
+            if self.weight_decay and regularizable:
                 g = g + wd * p
-            step = -lr * g
+            step = -(lr * np.asarray(lr_mult, fx) if lr_mult != 1.0 else lr) * g
             if self.momentum:
                 v_new = mu * v + step
                 out.append((v, v_new))

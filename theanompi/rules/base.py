@@ -35,7 +35,9 @@ class SyncRule:
     3. at each epoch end ``epoch_end(model)`` (a collective: drain messages in flight),
        then ``eval_values(model)``: the values to validate and checkpoint, ``None`` for
        the model's own (for BSP every replica is the same; for EASGD the centre; for
-       GOSGD the gossip-weighted mean of the workers);
+       GOSGD the gossip-weighted mean of the workers); the Trainer then averages the
+       model's ``buffers`` (batch-norm running statistics, per rank while training) over
+       the workers, whatever the rule, so validation and checkpoints see their mean;
     4. ``finish(model) -> dict`` once, with extra summary fields (exchanges per rank ...).
 
     Class attributes describe the rule to config validation, the CLI and the loop:

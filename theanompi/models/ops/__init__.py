@@ -61,7 +61,7 @@ def compile_mode(backend: str) -> Any:
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == "c":
-        return None
+        return _c_mode()
     try:
         import theanompi.models.ops.jax_ops  # noqa: F401  (registers our Ops with JAX)
     except ImportError as err:
@@ -77,3 +77,18 @@ def compile_mode(backend: str) -> Any:
     warnings.filterwarnings("ignore", "Explicitly requested dtype (float|int)64", UserWarning)
     warnings.filterwarnings("ignore", "Skipping Assert", UserWarning)
     return get_mode("JAX")
+
+
+def _c_mode() -> Any:
+    """The configured mode with its ``cvm`` linker replaced by one that compiles a cold graph's
+    C modules in parallel (:mod:`theanompi.models.ops._parallel`); ``None`` (the configured
+    default) when the user chose another linker."""
+    import pytensor
+    from pytensor.compile.mode import Mode, get_default_mode
+
+    from theanompi.models.ops._parallel import ParallelCVMLinker
+
+    if pytensor.config.linker != "cvm":
+        return None
+    default = get_default_mode()
+    return Mode(linker=ParallelCVMLinker(), optimizer=default.provided_optimizer)

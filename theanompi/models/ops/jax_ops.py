@@ -5,7 +5,7 @@ Each function follows the C Op's maths: conv is a zero-padded cross-correlation
 (``lax.conv_general_dilated``, one per group) and its gradients are the transposes of that
 linear map; pooling uses Caffe's ceil mode, never counts padding, and sends a max window's
 gradient to its first maximum in row-major order through the int32 argmax output; LRN uses
-Caffe's ``alpha/n``. Shapes a gradient Op receives as an input (the filter or input (h, w))
+Caffe's ``alpha/n``; batch norm is :mod:`~theanompi.models.ops.batchnorm`'s maths in ``jnp``. Shapes a gradient Op receives as an input (the filter or input (h, w))
 must be static. It also widens PyTensor's ``ARange`` conversion, which refuses a shape
 wrapped in a broadcast ``Assert`` (the metrics' ``arange(n_classes)``) although JAX sees a
 concrete int there.
@@ -23,6 +23,7 @@ from pytensor.graph.basic import Constant
 from pytensor.link.jax.dispatch import jax_funcify
 from pytensor.tensor.basic import ARange
 
+from theanompi.models.ops.batchnorm import BatchNormInfer, BatchNormTrain, BatchNormTrainGrad, _axes
 from theanompi.models.ops.concat import ChannelConcat
 from theanompi.models.ops.conv import Conv2d, Conv2dGradInputs, Conv2dGradWeights
 from theanompi.models.ops.lrn import LRNGrad, LRNOp
@@ -222,3 +223,45 @@ def _jax_lrn_grad(op: LRNGrad, node: Any = None, **kwargs: Any) -> Any:
 @jax_funcify.register(ChannelConcat)
 def _jax_concat(op: ChannelConcat, node: Any = None, **kwargs: Any) -> Any:
     return lambda *xs: jnp.concatenate(xs, axis=1)
+
+
+# -- batch norm ---------------------------------------------------------------------------------
+def _bc(v: Any, nd: int) -> Any:
+    return v.reshape((1, -1) + (1,) * (nd - 2))
+
+
+@jax_funcify.register(BatchNormTrain)
+def _jax_bn_train(op: BatchNormTrain, node: Any = None, **kwargs: Any) -> Any:
+    def batch_norm_train(x: Any, gamma: Any, beta: Any, rmean: Any, rvar: Any) -> Any:
+        axes, nd = _axes(x.ndim), x.ndim
+        mean = x.mean(axis=axes)
+        var = jnp.square(x - _bc(mean, nd)).mean(axis=axes)
+        invstd = 1.0 / jnp.sqrt(var + op.eps)
+        y = (x - _bc(mean, nd)) * _bc(gamma * invstd, nd) + _bc(beta, nd)
+        m = op.momentum
+        return y, (1 - m) * rmean + m * mean, (1 - m) * rvar + m * var, mean, invstd
+
+    return batch_norm_train
+
+
+@jax_funcify.register(BatchNormTrainGrad)
+def _jax_bn_train_grad(op: BatchNormTrainGrad, node: Any = None, **kwargs: Any) -> Any:
+    def batch_norm_train_grad(x: Any, gamma: Any, mean: Any, invstd: Any, gy: Any) -> Any:
+        axes, nd = _axes(x.ndim), x.ndim
+        n = x.size // x.shape[1]
+        xhat = (x - _bc(mean, nd)) * _bc(invstd, nd)
+        dbeta = gy.sum(axis=axes)
+        dgamma = (gy * xhat).sum(axis=axes)
+        dx = _bc(gamma * invstd / n, nd) * (n * gy - _bc(dbeta, nd) - xhat * _bc(dgamma, nd))
+        return dx, dgamma, dbeta
+
+    return batch_norm_train_grad
+
+
+@jax_funcify.register(BatchNormInfer)
+def _jax_bn_infer(op: BatchNormInfer, node: Any = None, **kwargs: Any) -> Any:
+    def batch_norm_infer(x: Any, gamma: Any, beta: Any, rmean: Any, rvar: Any) -> Any:
+        scale = gamma / jnp.sqrt(rvar + op.eps)
+        return x * _bc(scale, x.ndim) + _bc(beta - rmean * scale, x.ndim)
+
+    return batch_norm_infer
