@@ -136,12 +136,12 @@ def test_theanompi_recipe_trains_on_photos(photos):
     assert losses[-1] < losses[0], losses
 
 
-def test_unknown_recipe_is_one_line_from_the_cli(cli, tmp_path):
+def test_unknown_recipe_is_one_line_from_the_cli(cli, digits_data, tmp_path):
     """A model YAML naming an unknown recipe: exit 2 (config), one line with the choices."""
     bad = tmp_path / "alexnet_bad.yaml"
     yaml = (configs_dir() / "alexnet_theanompi.yaml").read_text()
     bad.write_text(yaml.replace("recipe: theanompi", "recipe: caffe").replace("227", "32"))
-    out = cli("train", "--model", str(bad), "-n", "1")
+    out = cli("train", "--model", str(bad), "-n", "1", "--data", str(digits_data))
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr)
     assert lines[0] == (
