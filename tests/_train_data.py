@@ -15,7 +15,7 @@ from pathlib import Path
 import hickle
 import numpy as np
 
-__all__ = ["write_dataset", "image_ids", "tiny_config"]
+__all__ = ["write_dataset", "image_ids", "tiny_config", "job_args"]
 
 
 def write_dataset(
@@ -111,3 +111,17 @@ def tiny_config(data: Path, run_dir: Path, **over: object):
     finally:
         if added:
             del MODELS["fake"]
+
+
+def job_args(rest: list[str]) -> tuple[set[str], dict[str, object]]:
+    """A per-rank test program's trailing arguments: ``--flags`` and ``section.key=value``
+    overrides (values parsed as YAML), for :func:`tiny_config`."""
+    import yaml
+
+    flags = {a for a in rest if a.startswith("--")}
+    over = {}
+    for a in rest:
+        if not a.startswith("--"):
+            k, v = a.split("=", 1)
+            over[k] = yaml.safe_load(v)
+    return flags, over

@@ -27,9 +27,8 @@ configure()
 
 import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
-import yaml  # noqa: E402
 from _fake_model import FakeModel  # noqa: E402
-from _train_data import tiny_config  # noqa: E402
+from _train_data import job_args, tiny_config  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
@@ -107,12 +106,7 @@ def _real_model(section):
 def main(argv: list[str]) -> int:
     install_abort_hook()
     data, run, out, *rest = argv
-    flags = {a for a in rest if a.startswith("--")}
-    over = {}
-    for a in rest:
-        if not a.startswith("--"):
-            k, v = a.split("=", 1)
-            over[k] = yaml.safe_load(v)
+    flags, over = job_args(rest)
     comm = MPI.COMM_WORLD
     cfg = tiny_config(Path(data), Path(run), **over)
     model = _real_model(cfg.model) if "--real" in flags else BNFakeModel(cfg.model)

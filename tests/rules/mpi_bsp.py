@@ -23,9 +23,8 @@ configure()
 
 import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
-import yaml  # noqa: E402
 from _fake_model import FakeModel  # noqa: E402
-from _train_data import tiny_config  # noqa: E402
+from _train_data import job_args, tiny_config  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
@@ -36,12 +35,7 @@ from theanompi.train import run as train_run  # noqa: E402
 def main(argv: list[str]) -> int:
     install_abort_hook()
     data, run, out, *rest = argv
-    flags = {a for a in rest if a.startswith("--")}
-    over = {}
-    for a in rest:
-        if not a.startswith("--"):
-            k, v = a.split("=", 1)
-            over[k] = yaml.safe_load(v)
+    flags, over = job_args(rest)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     cfg = tiny_config(Path(data), Path(run), **over)

@@ -20,7 +20,7 @@ from theanompi.pytensor_env import configure  # noqa: E402
 
 configure()
 
-import yaml  # noqa: E402
+from _train_data import job_args  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
@@ -31,12 +31,7 @@ from theanompi.train import run as train_run  # noqa: E402
 def main(argv: list[str]) -> int:
     install_abort_hook()
     data, run, out, *rest = argv
-    flags = {a for a in rest if a.startswith("--")}
-    over = {}
-    for a in rest:
-        if not a.startswith("--"):
-            k, v = a.split("=", 1)
-            over[k] = yaml.safe_load(v)
+    flags, over = job_args(rest)
     over.setdefault("weight_exchange.sync_rule", "EASGD")
     comm = MPI.COMM_WORLD
     model = None
