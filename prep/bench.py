@@ -197,11 +197,10 @@ def make_link_tree(root: Path, n_train: int, n_classes: int, val_per_class: int 
 
 def _scan_worker(src: str, out: str) -> int:
     """Time ``scan`` + ``shuffle`` on every rank; rank 0 prints seconds and peak RSS as JSON."""
-    import resource
-
     from mpi4py import MPI
 
     from prep import scan, shuffle
+    from theanompi.bench._memory import peak_rss_bytes
 
     _warm_imports()
     comm = MPI.COMM_WORLD
@@ -215,7 +214,7 @@ def _scan_worker(src: str, out: str) -> int:
     shuffle.run(out, seed=0, comm=comm)
     comm.Barrier()
     t2 = MPI.Wtime()
-    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
+    rss = comm.gather(peak_rss_bytes(), root=0)
     cpu = comm.gather(c1 - c0, root=0)
     if comm.Get_rank() == 0:
         res = {"files": files, "scan_s": t1 - t0, "shuffle_s": t2 - t1, "peak_rss": rss}

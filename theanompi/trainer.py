@@ -15,7 +15,13 @@ import numpy as np
 from theanompi.data._fault import fault_point
 from theanompi.errors import DivergedError, ResourceError
 from theanompi.metrics import validate
-from theanompi.params import assert_identical, bcast_values, get_values, set_values
+from theanompi.params import (
+    ParamBuffer,
+    assert_identical,
+    bcast_values,
+    get_values,
+    set_values,
+)
 from theanompi.progress import Progress, StepStats
 from theanompi.signals import StopFlag
 from theanompi.watchdog import Watchdog
@@ -363,16 +369,11 @@ class Trainer:
             return
         from mpi4py import MPI
 
-        vals = get_values(bufs)
-        flat = np.concatenate([np.asarray(v, np.float64).ravel() for v in vals])
-        total = np.empty_like(flat)
-        self.comm.Allreduce(flat, total, op=MPI.SUM)
-        total /= self.size
-        out, at = [], 0
-        for v in vals:
-            out.append(total[at : at + v.size].reshape(v.shape).astype(v.dtype))
-            at += v.size
-        set_values(bufs, out)
+        flat = ParamBuffer(bufs)
+        mine = flat.gather().astype(np.float64)
+        total = np.empty_like(mine)
+        self.comm.Allreduce(mine, total, op=MPI.SUM)
+        flat.scatter(total / self.size)
 
     def _sum_over_ranks(self, n: int) -> int:
         """Collective: a buffer ``Allreduce`` (a first pickled ``allreduce`` on a

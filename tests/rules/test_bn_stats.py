@@ -129,29 +129,20 @@ class _Arrays:
 def test_checkpoint_buffers_round_trip_and_mismatch_is_one_line(tmp_path) -> None:
     from theanompi.models import create_model
 
-    m = create_model(
-        {
-            "name": "resnet50",
-            "input_size": 32,
-            "channels": 3,
-            "n_classes": 4,
-            "arch": {"width": 0.0625},
-        }
-    )
+    section = {
+        "name": "resnet50",
+        "input_size": 32,
+        "channels": 3,
+        "n_classes": 4,
+        "arch": {"width": 0.0625},
+    }
+    m = create_model(section)
     rng = np.random.default_rng(0)
     want = [rng.normal(0, 1, b.get_value().shape).astype(np.float32) for b in m.buffers]
     for b, v in zip(m.buffers, want, strict=True):
         b.set_value(v)
     path = save_checkpoint(tmp_path / "epoch_0001.npz", m, {"epoch": 1, "step": 3})
-    fresh = create_model(
-        {
-            "name": "resnet50",
-            "input_size": 32,
-            "channels": 3,
-            "n_classes": 4,
-            "arch": {"width": 0.0625},
-        }
-    )
+    fresh = create_model(section)
     assert not np.array_equal(fresh.buffers[0].get_value(), want[0])
     apply_checkpoint(fresh, load_checkpoint(path), opt_state=False)
     for b, v in zip(fresh.buffers, want, strict=True):

@@ -156,7 +156,7 @@ def _torch_net(model: Any) -> Any:
         if isinstance(layer, L.GlobalAvgPool):
             return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
         if isinstance(layer, L.LRN):
-            return nn.LocalResponseNorm(layer.n, layer.alpha, layer.beta, layer.k)
+            return nn.LocalResponseNorm(layer.n, layer.alpha_op, layer.beta, layer.k)
         if isinstance(layer, L.ReLU):
             return nn.ReLU(inplace=True)
         if isinstance(layer, L.Dropout):
