@@ -23,6 +23,22 @@ def test_every_command_has_help(cli, command: str) -> None:
     assert "Usage" in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("bench", "flag"),
+    [
+        ("prep", "--scan-tree"),
+        ("exchange", "--strategies"),
+        ("model", "--case"),
+        ("train", "--ranks"),
+    ],
+)
+def test_every_bench_help_lists_its_options(cli, bench: str, flag: str) -> None:
+    """``tmpi bench X --help`` reaches the bench's own parser (typer's would list no options)."""
+    out = cli("bench", bench, "--help")
+    assert out.returncode == 0, out.stderr
+    assert f"usage: tmpi bench {bench}" in out.stdout and flag in out.stdout
+
+
 def test_train_help_lists_the_flags(cli) -> None:
     text = cli("train", "--help", env={"COLUMNS": "200"}).stdout
     for flag in (

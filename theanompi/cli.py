@@ -409,7 +409,8 @@ def _bench(module: str, args: list[str] | None) -> None:
     raise typer.Exit(main_fn(list(args or [])))
 
 
-_BENCH_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
+# --help goes to the bench's own argparse parser, which lists its options
+_BENCH_CTX = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
 @bench_app.command("prep", context_settings=_BENCH_CTX)
