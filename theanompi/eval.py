@@ -109,15 +109,10 @@ def _resolve_checkpoint(cfg: Any, checkpoint: str | Path | None) -> Path:
 
 def _check_val_folder(cfg: Any) -> None:
     """Clear errors for a missing data dir / val folder before the loader's deeper checks."""
-    from prep.io import read_manifest
+    from theanompi.data.loader import data_manifest
 
     root = Path(cfg.data.dir)
-    if not (root / "misc" / "manifest.json").exists():
-        raise DataError(
-            f"no prep output in {str(root)!r} (misc/manifest.json missing); run `make data` "
-            "or `tmpi prep all --src IMAGES --out DIR`, or pass --data DIR"
-        )
-    man = read_manifest(root)
+    man = data_manifest(root)
     info = man.get("val") or {}
     folder = root / str(info.get("dir", f"val_hkl_b{man.get('batch_size', '?')}"))
     if not info or not folder.is_dir():

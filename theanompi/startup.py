@@ -29,8 +29,10 @@ def _versions() -> dict[str, str]:
 
 def _data_fingerprint(data_dir: Path) -> str | None:
     """The manifest's checksum (``"?"`` when it has none); None when the folder lacks one."""
+    from prep.io import MANIFEST
+
     try:
-        manifest = json.loads((data_dir / "misc" / "manifest.json").read_text())
+        manifest = json.loads((data_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
     return str(manifest.get("checksum", "?")) if isinstance(manifest, dict) else None

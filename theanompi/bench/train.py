@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from prep.io import MANIFEST, read_manifest
 from theanompi.bench._memory import MB
 from theanompi.comm import under_mpirun
 
@@ -74,9 +75,8 @@ def _overrides(args: argparse.Namespace, data: Path, run_dir: Path) -> dict[str,
         "weight_exchange.exch_strategy": args.strategy,
         "weight_exchange.sync_type": args.sync_type,
     }
-    manifest = data / "misc" / "manifest.json"
-    if manifest.exists():  # the stored size, so models with larger crops (AlexNet) fit
-        over["data.image_size"] = int(json.loads(manifest.read_text())["size"])
+    if (data / MANIFEST).exists():  # the stored size, so models with larger crops (AlexNet) fit
+        over["data.image_size"] = int(read_manifest(data)["size"])
     if args.batch_size:
         over["model.batch_size"] = args.batch_size
     return over
@@ -143,16 +143,16 @@ def _worker(args: argparse.Namespace) -> int:
 
 def _ensure_data(data: Path | None) -> Path:
     if data is not None:
-        if not (data / "misc" / "manifest.json").exists():
+        if not (data / MANIFEST).exists():
             from theanompi.errors import DataError
 
             raise DataError(f"--data {data}: no prep output there; run `make data` or omit --data")
         return data
     default = Path("data/digits")
-    if (default / "misc" / "manifest.json").exists():
+    if (default / MANIFEST).exists():
         return default
     built = Path("bench_out/digits")
-    if not (built / "misc" / "manifest.json").exists():
+    if not (built / MANIFEST).exists():
         print(f"bench train: building the demo data set in {built} ...", flush=True)
         cli = [sys.executable, "-m", "theanompi.cli", "prep"]
         tree = built.parent / "digits_tree"

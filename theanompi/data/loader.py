@@ -41,6 +41,20 @@ def _io() -> Any:
     return prep.io
 
 
+def data_manifest(root: Path) -> dict[str, Any]:
+    """The prep manifest of the data folder ``root``, or a DataError saying how to make one.
+
+    The training-side wording (``--data``, ``make data``) of :func:`prep.io.read_manifest`.
+    """
+    io = _io()
+    if not (root / io.MANIFEST).exists():
+        raise DataError(
+            f"no prep output in {str(root)!r} ({io.MANIFEST} missing); "
+            "run `make data` or `tmpi prep all --src IMAGES --out DIR`, or pass --data DIR"
+        )
+    return io.read_manifest(root)
+
+
 def _digest(images: np.ndarray, labels: np.ndarray) -> str:
     """The manifest's batch digest (prep's own function: one implementation of the format)."""
     from prep._common import batch_digest
@@ -119,13 +133,8 @@ class DataSet:
         #: all up front ("all": :meth:`verify` is called by the training set-up)
         self.verify_mode = str(cfg.data.get("verify", "first_read"))
         self.root = Path(cfg.data.dir)
-        if not (self.root / "misc" / "manifest.json").exists():
-            raise DataError(
-                f"no prep output in {str(self.root)!r} (misc/manifest.json missing); "
-                "run `make data` or `tmpi prep all --src IMAGES --out DIR`, or pass --data DIR"
-            )
         self.split = split
-        man = self.manifest = io.read_manifest(self.root)
+        man = self.manifest = data_manifest(self.root)
         self.B = int(man["batch_size"])
         self.S = int(man["size"])
         self.layout = str(man["layout"])
