@@ -70,6 +70,13 @@ _PLACE_TAG = "tmpi-placement:"
 _PLACE = re.compile(rb"tmpi-placement: rank (\d+) host (\S+) pid (\d+)\n?")
 
 
+# mpirun's banner when it could not start at all: its PMIx server's listener did not come up
+# (transient: seen once in a whole CI run, on a refused rerun's launch); no rank ran, so the
+# same launch is tried again
+_NOT_STARTED = re.compile(r"PMIx server's listener thread failed to start")
+#: launches of one attempt that may fail to start before the launcher gives up
+START_TRIES = 3
+
 # mpirun's banner when the ranks end as asked after a stop request: exit 130, or killed by the
 # stop signal itself (before they could install a handler) or by the hard stop
 _STOPPED_BANNER = re.compile(
@@ -83,13 +90,15 @@ _STOPPED_BANNER = re.compile(
 class Attempt:
     """How one mpirun ended: ``code`` is what the launcher exits with, ``mpirun_code`` what
     mpirun returned, ``stopped`` whether the user asked to stop (Ctrl-C, SIGTERM, SIGHUP),
-    ``failure`` the one-line reason when a rank died (else ``""``)."""
+    ``failure`` the one-line reason when a rank died (else ``""``), ``not_started`` whether
+    mpirun failed before starting any rank (:data:`_NOT_STARTED`)."""
 
     code: int
     mpirun_code: int
     stopped: bool
     failure: str
     seconds: float
+    not_started: bool = False
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
@@ -330,7 +339,25 @@ def supervise(
         code = 1
     else:
         code = rc
-    return Attempt(code, rc, stopped, failure, time.monotonic() - t0)
+    not_started = not stopped and not placed and bool(_NOT_STARTED.search("".join(tail)))
+    return Attempt(code, rc, stopped, failure, time.monotonic() - t0, not_started)
+
+
+def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> Attempt:
+    """:func:`supervise` ``cmd``, launched again (up to :data:`START_TRIES` in all) while
+    mpirun fails before starting any rank: nothing ran, so nothing is lost or repeated."""
+    for k in range(1, START_TRIES + 1):
+        result = supervise(cmd, env)
+        if not result.not_started or k == START_TRIES:
+            return result
+        print(
+            f"tmpi: mpirun failed to start (its PMIx listener); launching again ({k + 1}/"
+            f"{START_TRIES})",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(0.5 * k)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _send(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -362,7 +389,7 @@ def run_with_restarts(
     resume = False
     for attempt in range(max_restarts + 1):
         try:
-            result = supervise(build_cmd(resume), env)
+            result = _launch(build_cmd(resume), env)
         except KeyboardInterrupt:  # Ctrl-C between two attempts: no mpirun is running
             return EXIT_INTERRUPTED
         if result.failure:

@@ -1,0 +1,62 @@
+"""A launch whose mpirun fails before starting any rank (PMIx listener) is launched again."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from theanompi.launch import mpirun_command, mpirun_env
+from theanompi.supervise import START_TRIES, _launch
+
+pytestmark = pytest.mark.mpi
+
+BANNER = (
+    "--------------------------------------------------------------------------\n"
+    "The PMIx server's listener thread failed to start. We cannot\n"
+    "continue.\n"
+    "--------------------------------------------------------------------------\n"
+)
+
+
+def _flaky(tmp_path: Path, fails: int) -> list[str]:
+    """A launch line that fails as mpirun did (its banner, exit 213) ``fails`` times, then
+    runs a real 2-rank mpirun job that prints the sum of the ranks over ``MPI.Allreduce``."""
+    job = mpirun_command(
+        2,
+        [
+            sys.executable,
+            "-c",
+            "from mpi4py import MPI; s = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank); "
+            "print('sum', s) if MPI.COMM_WORLD.rank == 0 else None",
+        ],
+    )
+    (tmp_path / "banner.txt").write_text(BANNER)
+    script = tmp_path / "flaky.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'n=$(cat "{tmp_path}/count" 2>/dev/null || echo 0); n=$((n + 1)); '
+        f'echo $n > "{tmp_path}/count"\n'
+        f'if [ $n -le {fails} ]; then cat "{tmp_path}/banner.txt" >&2; exit 213; fi\n'
+        'exec "$@"\n'
+    )
+    script.chmod(0o755)
+    return [str(script), *job]
+
+
+def test_a_launch_that_did_not_start_is_launched_again(tmp_path: Path, capfd) -> None:
+    result = _launch(_flaky(tmp_path, fails=1), mpirun_env())
+    out, err = capfd.readouterr()
+    assert result.code == 0 and not result.not_started, err
+    assert "sum 1" in out
+    assert err.count("mpirun failed to start (its PMIx listener); launching again (2/") == 1
+    assert (tmp_path / "count").read_text().strip() == "2"
+
+
+def test_it_gives_up_after_the_last_try(tmp_path: Path, capfd) -> None:
+    result = _launch(_flaky(tmp_path, fails=START_TRIES), mpirun_env())
+    _, err = capfd.readouterr()
+    assert result.not_started and result.mpirun_code == 213
+    assert err.count("launching again") == START_TRIES - 1
+    assert (tmp_path / "count").read_text().strip() == str(START_TRIES)
