@@ -102,11 +102,8 @@ def warm_page_cache(folder: Path, nbytes: int) -> None:
     tmp.unlink()
 
 
-def _output_bytes(out: Path, batch_size: int, size: int) -> int:
-    """Bytes of pixels every batch of the plan holds (the output's page-cache footprint)."""
-    from prep.batch import make_plans
-
-    plans, _, _ = make_plans(out, batch_size, "drop", "pad")
+def _output_bytes(plans: dict, batch_size: int, size: int) -> int:
+    """Bytes of pixels every batch of ``plans`` holds (the output's page-cache footprint)."""
     return sum(p.n_batches for p in plans.values()) * batch_size * 3 * size * size
 
 
@@ -120,7 +117,7 @@ def naive_batches(out: Path, batch_size: int, size: int) -> tuple[int, float, fl
     root = Path(scan["src"])
     folder = out / "naive"
     folder.mkdir(exist_ok=True)
-    warm_page_cache(folder, _output_bytes(out, batch_size, size))
+    warm_page_cache(folder, _output_bytes(plans, batch_size, size))
     n = 0
     t0, c0 = time.perf_counter(), time.process_time()
     for split, plan in plans.items():
@@ -204,7 +201,7 @@ def _worker(out: str, batch_size: str, size: str) -> int:
     _warm_imports()
     from mpi4py import MPI
 
-    from prep.batch import run
+    from prep.batch import make_plans, run
 
     comm = MPI.COMM_WORLD
     b, s = int(batch_size), int(size)
@@ -213,7 +210,8 @@ def _worker(out: str, batch_size: str, size: str) -> int:
     if comm.Get_rank() == 0:
         _clear_batches(Path(out))
     comm.Barrier()
-    warm_page_cache(Path(out), _output_bytes(Path(out), b, s) // comm.Get_size())
+    plans, _, _ = make_plans(Path(out), b, "drop", "pad")
+    warm_page_cache(Path(out), _output_bytes(plans, b, s) // comm.Get_size())
     stats = run(out, b, s, progress=False)
     from theanompi.comm import log
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from theanompi.errors import ConfigError
-from theanompi.models.base import Model
+from theanompi.models.base import Model, scaled_width
 from theanompi.models.layers import LRN, Conv2D, Dense, Dropout, Layer, MaxPool2D, ReLU, Sequential
 
 __all__ = ["AlexNet", "Recipe", "RECIPES"]
@@ -123,7 +123,7 @@ class AlexNet(Model):
         r = RECIPES[a["recipe"]]
         net = Sequential(self.input_shape, "alexnet")
         for i, (f, k, s, p, g, lrn, pool) in enumerate(_CONVS, 1):
-            f = max(g, int(round(f * a["width"] / g)) * g)
+            f = scaled_width(f, a["width"], g)
             name = f"conv{i}"
             net.add(
                 Conv2D,

@@ -22,7 +22,7 @@ from theanompi.models.layers import Layer  # noqa: E402
 from theanompi.models.optim import SGD, _zeros_like, step_lr  # noqa: E402
 from theanompi.params import set_values, to_device  # noqa: E402
 
-__all__ = ["Model"]
+__all__ = ["Model", "scaled_width"]
 
 from theanompi.config import MODEL_SCHEMA, to_plain  # noqa: E402
 
@@ -36,6 +36,12 @@ _ARCH_RANGES: dict[str, tuple[Any, str]] = {
     "fc_units": (lambda v: v >= 1, ">= 1"),
     "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
+
+
+def scaled_width(n: int, width: float, multiple: int = 1) -> int:
+    """``n`` channels times ``arch.width``, rounded to a positive multiple of ``multiple``
+    (a grouped conv's group count), so that narrow test models keep every layer."""
+    return max(multiple, int(round(n * width / multiple)) * multiple)
 
 
 class Model:

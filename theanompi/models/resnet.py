@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from theanompi.models.base import Model
+from theanompi.models.base import Model, scaled_width
 from theanompi.models.layers import (
     BatchNorm,
     Conv2D,
@@ -88,7 +88,7 @@ class ResNet50(Model):
         a = self.arch
 
         def w(n: int) -> int:
-            return max(1, int(round(n * a["width"])))
+            return scaled_width(n, a["width"])
 
         rng = self.rng
         net = Sequential(self.input_shape, "resnet50")

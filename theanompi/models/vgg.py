@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from theanompi.models.base import Model
+from theanompi.models.base import Model, scaled_width
 from theanompi.models.layers import Conv2D, Dense, Dropout, Layer, MaxPool2D, ReLU, Sequential
 
 __all__ = ["VGG16"]
@@ -47,7 +47,7 @@ class VGG16(Model):
                 net.add(MaxPool2D, 2, name=f"pool{block}")
                 block, idx = block + 1, 1
                 continue
-            f = max(1, int(round(v * a["width"])))
+            f = scaled_width(v, a["width"])
             net.add(Conv2D, f, 3, pad=1, name=f"conv{block}_{idx}", rng=self.rng)
             net.add(ReLU, name=f"relu{block}_{idx}")
             idx += 1
