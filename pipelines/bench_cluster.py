@@ -12,9 +12,9 @@ import subprocess
 import sys
 import tempfile
 
-from theanompi.launch import mpirun_env
-from theanompi.simcluster import SimCluster, unavailable
-from theanompi.testing import REPO
+from theanompi.launch.mpirun import mpirun_env
+from theanompi.launch.simcluster import SimCluster, unavailable
+from theanompi.launch.testing import REPO
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 case "${1:-}" in
-  up) exec "$PY" -m theanompi.simcluster up "${2:-/tmp/theanompi-simcluster}" ;;
-  clean) exec "$PY" -m theanompi.simcluster clean ;;
+  up) exec "$PY" -m theanompi.launch.simcluster up "${2:-/tmp/theanompi-simcluster}" ;;
+  clean) exec "$PY" -m theanompi.launch.simcluster clean ;;
   *) echo "usage: $0 up [DIR] | clean" >&2; exit 2 ;;
 esac

@@ -12,10 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
-from theanompi import io as _io
 from theanompi.errors import DataError, ResourceError, UserError, resource_error
+from theanompi.io import atomic as _io
 
 __all__ = [
     "Comm",
@@ -24,7 +22,6 @@ __all__ = [
     "collective",
     "raise_collective",
     "Progress",
-    "batch_digest",
     "combined_checksum",
     "read_json",
     "misc_dir",
@@ -166,14 +163,6 @@ class Progress:
             print(file=sys.stderr, flush=True)
 
 
-def batch_digest(images: np.ndarray, labels: np.ndarray) -> str:
-    """SHA-256 of one batch: the C-order uint8 bytes, then the labels as little-endian int32."""
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(images).data)
-    h.update(np.asarray(labels, dtype="<i4").tobytes())
-    return h.hexdigest()
-
-
 def combined_checksum(digests: dict[str, list[str]]) -> str:
     """One SHA-256 over every batch digest, split by split in a fixed order (train, val)."""
     h = hashlib.sha256()
@@ -224,19 +213,19 @@ def resource_errors(path: str | os.PathLike[str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """``theanompi.io.atomic_write`` under :func:`resource_errors`: nothing is left under
+    """``theanompi.io.atomic.atomic_write`` under :func:`resource_errors`: nothing is left under
     ``path`` (the temp file is removed) and an older ``path`` stays."""
     with resource_errors(path), _io.atomic_write(path) as tmp:
         yield tmp
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """``theanompi.io.write_json`` under :func:`resource_errors`."""
+    """``theanompi.io.atomic.write_json`` under :func:`resource_errors`."""
     with resource_errors(path):
         _io.write_json(path, obj)
 
 
 def write_npy(path: str | os.PathLike[str], array: Any) -> None:
-    """``theanompi.io.write_npy`` under :func:`resource_errors`."""
+    """``theanompi.io.atomic.write_npy`` under :func:`resource_errors`."""
     with resource_errors(path):
         _io.write_npy(path, array)

@@ -28,7 +28,6 @@ from prep._common import (
     Comm,
     Progress,
     atomic_write,
-    batch_digest,
     collective,
     combined_checksum,
     get_comm,
@@ -40,10 +39,10 @@ from prep._common import (
     wtime,
 )
 from prep.decode import Scratch, decode
-from prep.io import LAYOUTS, MANIFEST, batch_dir, batch_name, batch_shape
 from prep.scan import read_scan
 from prep.shuffle import read_order
 from theanompi.errors import ConfigError, DataError, UserError
+from theanompi.io.dataset import LAYOUTS, MANIFEST, batch_digest, batch_dir, batch_name, batch_shape
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",

@@ -157,7 +157,7 @@ def _ours(
     """Our batch stage on ``ranks`` ranks of ``threads`` threads each (one core per rank for
     the per-rank ratios; 2 shows what a rank's second thread gives when a core is spare)."""
     from prep.batch import THREADS_ENV
-    from theanompi.launch import mpirun_command, mpirun_env
+    from theanompi.launch.mpirun import mpirun_command, mpirun_env
 
     _clear_batches(out)
     cmd = mpirun_command(
@@ -273,7 +273,7 @@ def _scan_worker(src: str, out: str) -> int:
 
 def scan_scale(n_train: int, n_classes: int, ranks: int, work: Path | None = None) -> dict:
     """Build a hard-link tree, run scan + shuffle under ``mpirun -n ranks``, delete the tree."""
-    from theanompi.launch import mpirun_command, mpirun_env
+    from theanompi.launch.mpirun import mpirun_command, mpirun_env
 
     tmp = tempfile.TemporaryDirectory(prefix="tmpi-bench-scan-", dir=work)
     try:

@@ -126,7 +126,7 @@ def _launch(n: int | None) -> None:
     if n < 1:
         raise ConfigError(f"-n must be >= 1, got {n}")
     if under_mpirun() or os.environ.get("THEANOMPI_LAUNCHED"):
-        from theanompi.supervise import watch_launcher
+        from theanompi.launch.supervise import watch_launcher
 
         watch_launcher()  # started by `tmpi prep ... -n N`: stop when the launcher is gone
         if not os.environ.get("THEANOMPI_LAUNCHED"):
@@ -139,7 +139,7 @@ def _launch(n: int | None) -> None:
         return
     if n == 1:
         return
-    from theanompi.launch import relaunch
+    from theanompi.launch.mpirun import relaunch
 
     argv = sys.argv[1:]
     if argv[:1] != ["prep"]:  # started as `python -m prep.cli ...`
@@ -175,7 +175,7 @@ def _do_shuffle(out: Path, seed: int) -> None:
 
 def _do_batch(out: Path, batch_size: int, size: int, layout: str, last: str, val_last: str) -> None:
     from prep import batch as stage
-    from prep.io import read_manifest
+    from theanompi.io.dataset import read_manifest
 
     stats = stage.run(out, batch_size, size, layout, last, val_last)
     if _size()[0] != 0:

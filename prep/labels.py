@@ -13,8 +13,8 @@ import numpy as np
 
 from prep._common import Comm, collective, get_comm, write_npy
 from prep.batch import make_plans
-from prep.io import read_manifest
 from theanompi.errors import DataError
+from theanompi.io.dataset import read_manifest
 
 __all__ = ["run"]
 

@@ -23,8 +23,8 @@ from prep._common import (
     write_json,
     write_npy,
 )
-from prep.io import MANIFEST, batch_files, load_batch, read_manifest
 from theanompi.errors import UserError
+from theanompi.io.dataset import MANIFEST, batch_files, load_batch, read_manifest
 
 __all__ = ["batch_sum", "run"]
 

@@ -16,15 +16,16 @@ import numpy as np
 
 from prep._common import (
     Comm,
-    batch_digest,
     collective,
     combined_checksum,
     get_comm,
     raise_collective,
     write_json,
 )
-from prep.io import (
+from theanompi.errors import DataError, UserError
+from theanompi.io.dataset import (
     MANIFEST,
+    batch_digest,
     batch_files,
     batch_shape,
     load_batch,
@@ -32,7 +33,6 @@ from prep.io import (
     load_mean,
     read_manifest,
 )
-from theanompi.errors import DataError, UserError
 
 __all__ = ["run"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from theanompi.launch.testing import REPO, run_mpi, tmpi
 from theanompi.pytensor_env import configure
-from theanompi.testing import REPO, run_mpi, tmpi
 
 configure()
 

@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
     configure()
     from mpi4py import MPI
 
-    from theanompi.eval import run
+    from theanompi.train.evaluate import run
 
     data, ckpt, yaml_path, out = (Path(a) for a in argv)
     layout = json.loads((data / "misc" / "manifest.json").read_text())["layout"]

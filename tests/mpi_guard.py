@@ -25,7 +25,7 @@ from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
 from theanompi.errors import UserError  # noqa: E402
-from theanompi.train import run as train_run  # noqa: E402
+from theanompi.train.run import run as train_run  # noqa: E402
 
 
 class PoisonedModel(FakeModel):

@@ -2,8 +2,8 @@
 
 ``mpirun -n N python tests/mpi_metrics_agree.py DATA RUN OUT_JSON``
 
-Trains :class:`CraftedModel` with ``theanompi.train.run`` on all ranks, then evaluates the
-checkpoint of the record's last epoch with ``theanompi.eval.run`` on all ranks (N) and on
+Trains :class:`CraftedModel` with ``theanompi.train.run.run`` on all ranks, then evaluates the
+checkpoint of the record's last epoch with ``theanompi.train.evaluate.run`` on all ranks (N) and on
 rank 0 alone (N=1). Rank 0 writes OUT_JSON: the record's last epoch entry, both eval
 reports, and how many val images hit each crafted case (counted here with plain numpy).
 
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     from theanompi import eval as tmpi_eval
     from theanompi import train
     from theanompi.comm import install_abort_hook
-    from theanompi.record import read_record
+    from theanompi.io.record import read_record
 
     install_abort_hook()
     data, run, out = (Path(a) for a in argv)

@@ -23,7 +23,7 @@ from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
 from theanompi.errors import UserError  # noqa: E402
-from theanompi.timeline import Timeline  # noqa: E402
+from theanompi.io.timeline import Timeline  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

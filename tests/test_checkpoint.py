@@ -8,7 +8,8 @@ import numpy as np
 import pytensor
 import pytest
 
-from theanompi.checkpoint import (
+from theanompi.errors import ConfigError, DataError
+from theanompi.io.checkpoint import (
     apply_checkpoint,
     checkpoint_path,
     latest_checkpoint,
@@ -17,7 +18,6 @@ from theanompi.checkpoint import (
     rank_state_path,
     save_checkpoint,
 )
-from theanompi.errors import ConfigError, DataError
 
 
 class Model:
@@ -142,7 +142,7 @@ def test_mid_epoch_names_sort_between_epochs(tmp_path: Path) -> None:
 
 
 def test_snapshot_freq_zero_means_only_after_the_last_epoch() -> None:
-    from theanompi.snapshot import Snapshotter
+    from theanompi.train.snapshot import Snapshotter
 
     class Comm:
         def Get_rank(self) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from theanompi.comm import is_power_of_two
-from theanompi.io import atomic_write, write_json
+from theanompi.io.atomic import atomic_write, write_json
 
 RAISER = """
 import sys, time

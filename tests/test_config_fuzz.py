@@ -19,7 +19,7 @@ import yaml
 
 from theanompi.config import load_config, parse_override
 from theanompi.errors import ConfigError
-from theanompi.testing import tmpi
+from theanompi.launch.testing import tmpi
 
 MODEL = {"name": "mlp", "input_size": 28, "channels": 3, "n_classes": 10, "batch_size": 32}
 LONG = "runs/" + "x" * 200_000  # a 200 kB path
@@ -359,7 +359,7 @@ def test_cli_fuzz_sample_batched(tmp_path: Path) -> None:
     subprocess: each exits 2 with exactly one ``tmpi: error`` line naming the key."""
     import subprocess
 
-    from theanompi.testing import REPO
+    from theanompi.launch.testing import REPO
 
     cases = [c for c in _cases(320, seed=99) if c[2] is not None][:40]
     argvs = []

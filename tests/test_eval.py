@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import mpi_eval_hand as hand  # noqa: E402
 
-from theanompi.metrics import batch_metrics  # noqa: E402
+from theanompi.models.metrics import batch_metrics  # noqa: E402
 
 HAND = Path(__file__).parent / "mpi_eval_hand.py"
 VARYING = ("seconds", "images_per_s", "ranks")  # the only report keys allowed to depend on N
@@ -55,7 +55,7 @@ def test_batch_metrics_matches_numpy_and_ignores_padding() -> None:
 @pytest.fixture(scope="module")
 def hand_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The hand dataset, its checkpoint (W = a permutation) and the model YAML."""
-    from theanompi.checkpoint import checkpoint_path, save_checkpoint
+    from theanompi.io.checkpoint import checkpoint_path, save_checkpoint
 
     root = tmp_path_factory.mktemp("eval_hand")
     arrs = hand.write_dataset(root / "data")
@@ -99,7 +99,7 @@ def test_hand_model_exact_metrics_identical_for_n_1_2_3(mpirun, hand_run) -> Non
 
 # -- through the real CLI, with a real model ------------------------------------------------
 def _mlp_checkpoint(root: Path, hidden: list[int], epoch: int = 1) -> Path:
-    from theanompi.checkpoint import checkpoint_path, save_checkpoint
+    from theanompi.io.checkpoint import checkpoint_path, save_checkpoint
     from theanompi.models import create_model
 
     section = {

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from theanompi.errors import ConfigError
-from theanompi.hosts import (
+from theanompi.launch.hosts import (
     Placement,
     expand_slurm_nodelist,
     parse_host_list,
@@ -15,7 +15,7 @@ from theanompi.hosts import (
     slurm_hosts,
     split_placement_flags,
 )
-from theanompi.launch import mpirun_command
+from theanompi.launch.mpirun import mpirun_command
 
 
 def test_host_list_and_hostfile(tmp_path: Path) -> None:

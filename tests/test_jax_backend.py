@@ -11,16 +11,16 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from theanompi.checkpoint import apply_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from theanompi.io.checkpoint import apply_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from theanompi.launch.testing import tmpi  # noqa: E402
 from theanompi.models import create_model  # noqa: E402
-from theanompi.params import (  # noqa: E402
+from theanompi.models.params import (  # noqa: E402
     ParamBuffer,
     get_values,
     on_device,
     set_values,
     to_device,
 )
-from theanompi.testing import tmpi  # noqa: E402
 
 # the digits demo's small CNN (configs/digits.yaml) without dropout: JAX draws other masks
 SECTION = {

@@ -8,10 +8,10 @@ import signal
 import numpy as np
 import pytest
 
-from theanompi.params import value_digests
-from theanompi.progress import StepStats
-from theanompi.rng import get_rng_states, rng_vars, seed_rngs, set_rng_states
-from theanompi.signals import StopFlag
+from theanompi.launch.signals import StopFlag
+from theanompi.models.params import value_digests
+from theanompi.train.progress import StepStats
+from theanompi.train.rng import get_rng_states, rng_vars, seed_rngs, set_rng_states
 
 
 def test_rng_vars_finds_the_small_cnn_dropout_and_round_trips_state() -> None:

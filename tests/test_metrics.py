@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from theanompi.metrics import (
+from theanompi.models.metrics import (
     LOSS_FLOOR,
     TOP_K,
     batch_metrics,
@@ -38,7 +38,7 @@ def ref_loss(p: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def test_import_does_not_load_pytensor() -> None:
-    code = "import sys, theanompi.metrics; sys.exit('pytensor' in sys.modules)"
+    code = "import sys, theanompi.models.metrics; sys.exit('pytensor' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -136,7 +136,7 @@ def test_symbolic_metrics_agree_with_numpy_on_the_same_scores() -> None:
     import pytensor.tensor as pt
     from pytensor.compile.mode import Mode
 
-    from theanompi.metrics import symbolic_metrics, symbolic_true_rank
+    from theanompi.models.metrics import symbolic_metrics, symbolic_true_rank
 
     rng = np.random.default_rng(1)
     s = (rng.integers(-3, 3, size=(300, 10)) * 0.5).astype(np.float32)  # many ties
@@ -249,7 +249,7 @@ _GIL = """
 import threading, time
 import numpy as np
 from mpi4py import MPI
-import theanompi.metrics as metrics
+import theanompi.models.metrics as metrics
 
 comm = MPI.COMM_WORLD.Dup()  # no pickled collective on it yet
 rank = comm.Get_rank()

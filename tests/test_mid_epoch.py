@@ -17,13 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _train_data import write_dataset  # noqa: E402
 from harness import Job, mpirun_argv, tiny_train_args, write_tiny_data  # noqa: E402
 
-from theanompi.checkpoint import (  # noqa: E402
+from theanompi.io.checkpoint import (  # noqa: E402
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     rank_state_path,
 )
-from theanompi.record import read_record  # noqa: E402
+from theanompi.io.record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 GUARD = str(Path(__file__).with_name("mpi_guard.py"))

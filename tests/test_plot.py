@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from theanompi.cli.plot import curves, plot_run
 from theanompi.errors import DataError
-from theanompi.plot import curves, plot_run
-from theanompi.record import RecordWriter
+from theanompi.io.record import RecordWriter
 
 
 def _record(run: Path) -> None:
@@ -30,7 +30,7 @@ def _record(run: Path) -> None:
 
 def test_curves_place_steps_between_epochs(tmp_path: Path) -> None:
     _record(tmp_path)
-    from theanompi.record import read_record
+    from theanompi.io.record import read_record
 
     c = curves(read_record(tmp_path))
     assert c["train_loss"][0] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
@@ -91,7 +91,7 @@ def _timed_record(run: Path, *, steps: bool = True, times: bool = True) -> None:
 
 def test_curves_speed_time_split_and_lr(tmp_path: Path) -> None:
     _timed_record(tmp_path)
-    from theanompi.record import read_record
+    from theanompi.io.record import read_record
 
     c = curves(read_record(tmp_path))
     assert c["images_per_s"] == ([0.5, 1.0, 1.5, 2.0], [1002.0, 1004.0, 1002.0, 1004.0])
@@ -105,7 +105,7 @@ def test_curves_speed_time_split_and_lr(tmp_path: Path) -> None:
 
 def test_curves_leave_out_missing_and_non_numeric_fields(tmp_path: Path) -> None:
     _record(tmp_path)  # an older record: loss and error only
-    from theanompi.record import read_record
+    from theanompi.io.record import read_record
 
     old = curves(read_record(tmp_path))
     assert not {"images_per_s", "lr", "compute_ms", "epoch_images_per_s", "epoch_lr"} & set(old)

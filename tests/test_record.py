@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theanompi.record import RecordWriter, read_record, record_file
+from theanompi.io.record import RecordWriter, read_record, record_file
 
 
 def test_write_and_read_back(tmp_path: Path) -> None:

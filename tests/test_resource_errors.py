@@ -18,8 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fault"))
 from harness import Job, mpirun_argv, tiny_train_args, write_tiny_data  # noqa: E402
 
-from theanompi.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 from theanompi.errors import EXIT_RESOURCE, resource_error  # noqa: E402
+from theanompi.io.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import yaml
 
-from theanompi.checkpoint import checkpoint_path, rank_state_path, save_arrays, save_checkpoint
 from theanompi.config import load_config
 from theanompi.errors import ConfigError, UserError
-from theanompi.record import RecordWriter
-from theanompi.rundir import config_changes, old_run_files, prepare_run_dir
-from theanompi.testing import tmpi
+from theanompi.io.checkpoint import checkpoint_path, rank_state_path, save_arrays, save_checkpoint
+from theanompi.io.record import RecordWriter
+from theanompi.launch.testing import tmpi
+from theanompi.train.rundir import config_changes, old_run_files, prepare_run_dir
 
 MODEL = {"name": "mlp", "input_size": 28, "channels": 3, "n_classes": 10, "batch_size": 32}
 

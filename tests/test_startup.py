@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from theanompi.errors import ConfigError, DataError
-from theanompi.startup import _check_run_dir, _compare, node_facts
+from theanompi.train.startup import _check_run_dir, _compare, node_facts
 
 V = {"theanompi": "1.0", "pytensor": "2.30.0", "numpy": "1.26.4"}
 

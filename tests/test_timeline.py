@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from theanompi.errors import ConfigError
-from theanompi.timeline import Timeline
+from theanompi.io.timeline import Timeline
 
 HERE = Path(__file__).resolve().parent
 PER_RANK = HERE / "mpi_timeline.py"

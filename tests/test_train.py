@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from theanompi.checkpoint import latest_checkpoint, load_checkpoint
-from theanompi.record import read_record
+from theanompi.io.checkpoint import latest_checkpoint, load_checkpoint
+from theanompi.io.record import read_record
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

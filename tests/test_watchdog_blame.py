@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from theanompi.watchdog import Watchdog
+from theanompi.launch.watchdog import Watchdog
 
 
 def _as_rank(rank: int, size: int) -> Watchdog:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from theanompi.bench.exchange import SMALL_SET_REPS
-from theanompi.testing import REPO
+from theanompi.launch.testing import REPO
 
 
 def test_small_set_runs_under_mpirun_and_reports_ratios() -> None:

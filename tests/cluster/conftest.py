@@ -9,9 +9,9 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from theanompi.launch import mpirun_env
-from theanompi.simcluster import SimCluster, unavailable
-from theanompi.testing import REPO
+from theanompi.launch.mpirun import mpirun_env
+from theanompi.launch.simcluster import SimCluster, unavailable
+from theanompi.launch.testing import REPO
 
 _WHY = unavailable()
 

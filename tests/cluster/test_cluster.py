@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from theanompi.hosts import Placement
-from theanompi.launch import mpirun_command, mpirun_env
-from theanompi.record import read_record
-from theanompi.simcluster import SimCluster
-from theanompi.testing import REPO, tmpi
+from theanompi.io.record import read_record
+from theanompi.launch.hosts import Placement
+from theanompi.launch.mpirun import mpirun_command, mpirun_env
+from theanompi.launch.simcluster import SimCluster
+from theanompi.launch.testing import REPO, tmpi
 
 from .conftest import head_run, show, tmpi_on_cluster
 

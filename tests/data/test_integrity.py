@@ -19,7 +19,7 @@ from _train_data import tiny_config, write_dataset  # noqa: E402
 from theanompi.data import TrainLoader, ValLoader  # noqa: E402
 from theanompi.data.loader import DataSet  # noqa: E402
 from theanompi.errors import ConfigError, DataError  # noqa: E402
-from theanompi.testing import tmpi  # noqa: E402
+from theanompi.launch.testing import tmpi  # noqa: E402
 
 
 def _sha(images: np.ndarray, labels: np.ndarray) -> str:

@@ -126,7 +126,7 @@ def test_mean_is_subtracted_and_deterministic_mode_centre_crops(tmp_path: Path) 
     cfg = tiny_config(d, tmp_path / "run", **{"randomness.deterministic": True})
     ld = TrainLoader(cfg, 0, 1)
     x, _ = next(iter(ld.epoch(0)))
-    from prep.io import load_batch
+    from theanompi.io.dataset import load_batch
 
     raw = load_batch(d / "train_hkl_b8" / "0000.hkl")  # c01b
     want = raw[:, 1:9, 1:9, :4].transpose(3, 0, 1, 2).astype(np.float32) - mean[:, 1:9, 1:9]

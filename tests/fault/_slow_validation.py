@@ -10,7 +10,7 @@ import runpy
 import sys
 import time
 
-import theanompi.metrics as metrics
+import theanompi.models.metrics as metrics
 
 VICTIM = int(sys.argv.pop(1))
 _calls = {"validations": 0, "in": False}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from theanompi.launch import mpirun_command, mpirun_env
-from theanompi.supervise import supervise
+from theanompi.launch.mpirun import mpirun_command, mpirun_env
+from theanompi.launch.supervise import supervise
 
 RANK = (
     "import os, signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "

@@ -62,7 +62,7 @@ def tmpi_argv(*args: str) -> list[str]:
 
 def mpirun_argv(n: int, *args: str) -> list[str]:
     """``mpirun -n n ... python -m theanompi.cli <args>`` (the user's own mpirun line)."""
-    from theanompi.launch import mpirun_command
+    from theanompi.launch.mpirun import mpirun_command
 
     return mpirun_command(n, tmpi_argv(*args))
 
@@ -191,7 +191,7 @@ class Job:
         cwd: str | os.PathLike[str] | None = None,
         echo: bool = False,
     ) -> None:
-        from theanompi.launch import mpirun_env
+        from theanompi.launch.mpirun import mpirun_env
 
         self.argv = [str(a) for a in argv]
         self.marker = uuid.uuid4().hex

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Job, mpirun_argv, tiny_train_args, tmpi_argv, write_tiny_data  # noqa: E402
 
-from theanompi.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from theanompi.record import read_record  # noqa: E402
+from theanompi.io.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from theanompi.io.record import read_record  # noqa: E402
 
 
 def _last_step(text: str) -> int:

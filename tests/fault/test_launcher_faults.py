@@ -23,8 +23,8 @@ from harness import (  # noqa: E402
     write_tiny_data,
 )
 
-from theanompi.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from theanompi.record import read_record  # noqa: E402
+from theanompi.io.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from theanompi.io.record import read_record  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from theanompi.testing import tmpi
+from theanompi.launch.testing import tmpi
 
 MODEL = str(Path(__file__).with_name("model_tiny_mlp.yaml"))
 

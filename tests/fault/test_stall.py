@@ -77,7 +77,7 @@ def test_a_rank_stopped_in_validation_ends_the_job(data: Path, tmp_path: Path) -
     """Rank 1 stops inside validation's batch loop, so rank 0 waits for it in validation's
     collectives (the slowest-rank time, the losses, the counts): the watchdog thread must
     still run there and end the job in time."""
-    from theanompi.launch import mpirun_command
+    from theanompi.launch.mpirun import mpirun_command
 
     args = tiny_train_args(data, tmp_path / "v", "--stall-timeout", str(TIMEOUT))
     argv = mpirun_command(

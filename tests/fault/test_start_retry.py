@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from theanompi.launch import mpirun_command, mpirun_env
-from theanompi.supervise import START_TRIES, _launch
+from theanompi.launch.mpirun import mpirun_command, mpirun_env
+from theanompi.launch.supervise import START_TRIES, _launch
 
 pytestmark = pytest.mark.mpi
 

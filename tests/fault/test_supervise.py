@@ -83,7 +83,7 @@ This is usually due to either a failure of the TCP network
 def test_mpirun_banners_for_a_lost_host_name_it_and_its_ranks() -> None:
     """The two banners Open MPI 5 prints when a node's daemon dies (captured on the simulated
     cluster); "failed to report back" counts only where ranks ran (else: a start-up failure)."""
-    from theanompi.supervise import _failure_line, _lost_host, _lost_line
+    from theanompi.launch.supervise import _failure_line, _lost_host, _lost_line
 
     placed = {0: "nodea", 1: "nodea", 2: "nodeb", 3: "nodeb"}
     assert _lost_host(_LOST, {}) == "nodeb"

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prep import batch, io, labels, shuffle
+from prep import batch, labels, shuffle
 from theanompi.errors import ConfigError
+from theanompi.io import dataset as io
 
 
 def test_batches_match_independent_decode(fx, tree, prepped: Path) -> None:

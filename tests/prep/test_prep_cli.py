@@ -174,7 +174,8 @@ def test_disk_full_is_one_line_and_leaves_no_half_file(fx, cli, small_disk: Path
     import re
     import subprocess
 
-    from prep import batch, io
+    from prep import batch
+    from theanompi.io import dataset as io
 
     fx.make_tree(small_disk.parent / "src")
     out = small_disk / "o"

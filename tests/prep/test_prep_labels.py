@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prep import io
+from theanompi.io import dataset as io
 
 
 def test_train_labels_match_folder_names(fx, prepped: Path) -> None:

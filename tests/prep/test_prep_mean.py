@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prep import io
+from theanompi.io import dataset as io
 
 
 def test_mean_matches_numpy(fx, tree, prepped: Path) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 import hickle
 import pytest
 
-from prep import io, verify
+from prep import verify
 from theanompi.errors import DataError
+from theanompi.io import dataset as io
 
 
 def test_verify_ok_and_detects_change(prepped: Path, tmp_path: Path) -> None:

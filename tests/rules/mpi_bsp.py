@@ -2,7 +2,7 @@
 
 ``python mpi_bsp.py DATA RUN OUT [--resume] [--skew] [section.key=value ...]``
 
-Runs ``theanompi.train.run`` (rule BSP) with the numpy FakeModel, then rank 0 writes OUT (.npz): every rank's params and
+Runs ``theanompi.train.run.run`` (rule BSP) with the numpy FakeModel, then rank 0 writes OUT (.npz): every rank's params and
 optimizer state (gathered), and the summary as JSON. ``--skew`` gives rank 1 a
 model with an extra parameter (the start-up layout check must refuse it).
 Exits 130 when the run was interrupted.
@@ -29,7 +29,7 @@ from mpi4py import MPI  # noqa: E402
 
 from theanompi.comm import install_abort_hook  # noqa: E402
 from theanompi.errors import UserError  # noqa: E402
-from theanompi.train import run as train_run  # noqa: E402
+from theanompi.train.run import run as train_run  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

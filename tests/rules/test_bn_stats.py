@@ -15,7 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _train_data import write_dataset  # noqa: E402
 
-from theanompi.checkpoint import (  # noqa: E402
+from theanompi.errors import ConfigError  # noqa: E402
+from theanompi.io.checkpoint import (  # noqa: E402
     apply_checkpoint,
     checkpoint_path,
     latest_checkpoint,
@@ -23,7 +24,6 @@ from theanompi.checkpoint import (  # noqa: E402
     save_arrays,
     save_checkpoint,
 )
-from theanompi.errors import ConfigError  # noqa: E402
 
 SCRIPT = str(Path(__file__).with_name("mpi_bn_stats.py"))
 KINDS = ("first", "trained", "validated", "final")

@@ -17,9 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _train_data import write_dataset  # noqa: E402
 
-from theanompi.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint  # noqa: E402
-from theanompi.launch import mpirun_command, mpirun_env  # noqa: E402
-from theanompi.record import read_record  # noqa: E402
+from theanompi.io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint  # noqa: E402
+from theanompi.io.record import read_record  # noqa: E402
+from theanompi.launch.mpirun import mpirun_command, mpirun_env  # noqa: E402
 
 SCRIPT = str(Path(__file__).with_name("mpi_bsp.py"))
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _train_data import write_dataset  # noqa: E402
 
-from theanompi.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 from theanompi.errors import ConfigError  # noqa: E402
-from theanompi.record import read_record  # noqa: E402
+from theanompi.io.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from theanompi.io.record import read_record  # noqa: E402
 from theanompi.rules.gosgd import GOSGD  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

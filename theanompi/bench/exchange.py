@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(format_table(rows, memcpy_bandwidth(244_000_000) / 1e9, args.reps))
         return 0
 
-    from theanompi.launch import mpirun_command, mpirun_env
+    from theanompi.launch.mpirun import mpirun_command, mpirun_env
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

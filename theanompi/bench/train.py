@@ -2,7 +2,7 @@
 
 ``python -m theanompi.bench.train`` (``tmpi bench train``) relaunches itself under
 ``mpirun -n N`` for each N of ``--ranks`` with one BLAS thread per rank
-(``OPENBLAS_NUM_THREADS=1``), runs ``theanompi.train.run`` (BSP) for ``--steps`` steps (one epoch
+(``OPENBLAS_NUM_THREADS=1``), runs ``theanompi.train.run.run`` (BSP) for ``--steps`` steps (one epoch
 capped by ``training.max_steps``, no checkpoints) and prints a table of medians
 per step: images/s, step time and its split into compute / exchange / data
 wait, each rank's peak resident memory (``VmHWM``: build, steps, exchanges and validation)
@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prep.io import MANIFEST, read_manifest
 from theanompi.bench._memory import MB
 from theanompi.comm import under_mpirun
+from theanompi.io.dataset import MANIFEST, read_manifest
 
 __all__ = ["main"]
 
@@ -101,7 +101,7 @@ def _worker(args: argparse.Namespace) -> int:
     from theanompi.bench._memory import param_bytes, peak_rss_bytes
     from theanompi.config import check_world_size, load_config
     from theanompi.models import create_model
-    from theanompi.train import run as train_run
+    from theanompi.train.run import run as train_run
 
     world = MPI.COMM_WORLD
     comm = MPI.COMM_SELF if args.independent else world
@@ -168,7 +168,7 @@ def _ensure_data(data: Path | None) -> Path:
 def _run_n(
     args: argparse.Namespace, data: Path, n: int, out: Path, independent: bool = False
 ) -> dict[str, Any]:
-    from theanompi.launch import mpirun_command, mpirun_env
+    from theanompi.launch.mpirun import mpirun_command, mpirun_env
 
     argv = [sys.executable, "-m", "theanompi.bench.train", "--worker", str(out)]
     argv += ["--data", str(data), "--model", args.model, "--steps", str(args.steps)]

@@ -31,35 +31,22 @@ import numpy as np
 
 from theanompi.data._fault import fault_point
 from theanompi.errors import ConfigError, DataError
+from theanompi.io import dataset as io
 
 __all__ = ["DataSet", "TrainLoader", "ValLoader", "Prefetcher", "prepare_batch"]
-
-
-def _io() -> Any:
-    import prep.io
-
-    return prep.io
 
 
 def data_manifest(root: Path) -> dict[str, Any]:
     """The prep manifest of the data folder ``root``, or a DataError saying how to make one.
 
-    The training-side wording (``--data``, ``make data``) of :func:`prep.io.read_manifest`.
+    The training-side wording (``--data``, ``make data``) of :func:`theanompi.io.dataset.read_manifest`.
     """
-    io = _io()
     if not (root / io.MANIFEST).exists():
         raise DataError(
             f"no prep output in {str(root)!r} ({io.MANIFEST} missing); "
             "run `make data` or `tmpi prep all --src IMAGES --out DIR`, or pass --data DIR"
         )
     return io.read_manifest(root)
-
-
-def _digest(images: np.ndarray, labels: np.ndarray) -> str:
-    """The manifest's batch digest (prep's own function: one implementation of the format)."""
-    from prep._common import batch_digest
-
-    return batch_digest(images, labels)
 
 
 def _load_npy(path: Path, stage: str, root: Path) -> np.ndarray:
@@ -128,7 +115,6 @@ class DataSet:
     """
 
     def __init__(self, cfg: Any, split: str) -> None:
-        io = _io()
         #: data.verify: check batch digests on first read ("first_read"), never ("off"), or
         #: all up front ("all": :meth:`verify` is called by the training set-up)
         self.verify_mode = str(cfg.data.get("verify", "first_read"))
@@ -195,7 +181,7 @@ class DataSet:
         """The uint8 array of batch file ``file_index`` (the last one is cached)."""
         if self._cache is not None and self._cache[0] == file_index:
             return self._cache[1]
-        arr = _io().load_batch(self.files[file_index])
+        arr = io.load_batch(self.files[file_index])
         want = (3, self.S, self.S, self.B) if self.layout == "c01b" else (self.B, 3, self.S, self.S)
         if arr.shape != want:
             raise DataError(
@@ -213,10 +199,10 @@ class DataSet:
         if self.digests is None or file_index in self._checked:
             return
         if arr is None:
-            arr = _io().load_batch(self.files[file_index])
+            arr = io.load_batch(self.files[file_index])
         B = self.B
         labels = self.labels[file_index * B : (file_index + 1) * B]
-        if _digest(arr, labels) != self.digests[file_index]:
+        if io.batch_digest(arr, labels) != self.digests[file_index]:
             raise DataError(
                 f"batch {self.files[file_index]} or its labels differ from the digest in "
                 f"{self.root}/misc/manifest.json (corrupt or changed since prep); rerun "

@@ -17,17 +17,18 @@ import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 from pytensor.tensor.special import softmax  # noqa: E402
 
-from theanompi.metrics import symbolic_metrics  # noqa: E402
 from theanompi.models.layers import Layer  # noqa: E402
+from theanompi.models.metrics import symbolic_metrics  # noqa: E402
 from theanompi.models.optim import SGD, _zeros_like, step_lr  # noqa: E402
-from theanompi.params import set_values, to_device  # noqa: E402
+from theanompi.models.params import set_values, to_device  # noqa: E402
 
 __all__ = ["Model", "scaled_width"]
 
-from theanompi.config import MODEL_SCHEMA, to_plain  # noqa: E402
+from theanompi.models.section import ModelSection  # noqa: E402
+from theanompi.schema import to_plain  # noqa: E402
 
-#: every model key's default, read from the one schema (theanompi.config.ModelSection)
-_COMMON_DEFAULTS = MODEL_SCHEMA.defaults()
+#: every model key's default, read from the one schema (theanompi.models.section.ModelSection)
+_COMMON_DEFAULTS = ModelSection.defaults()
 
 
 # ranges of the arch keys several models share (checked once their types are right)
@@ -82,7 +83,7 @@ class Model:
     Parameters
     ----------
     section : Mapping
-        A model config section (the keys of ``theanompi.config.MODEL_SCHEMA``); missing keys
+        A model config section (the keys of :class:`~theanompi.models.section.ModelSection`); missing keys
         take the schema defaults; ``arch`` is checked against ``ARCH_DEFAULTS``.
 
     Examples

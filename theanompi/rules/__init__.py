@@ -1,7 +1,7 @@
 """Sync rules by name: the one registry that config validation, the CLI, docs and tests read.
 
 A rule keeps the workers' replicas together (see :class:`~theanompi.rules.base.SyncRule`);
-:class:`~theanompi.trainer.Trainer` runs the loop. Adding a rule is one module here plus
+:class:`~theanompi.train.trainer.Trainer` runs the loop. Adding a rule is one module here plus
 one line in ``RULES`` (docs/extending.md).
 """
 

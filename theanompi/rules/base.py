@@ -1,4 +1,4 @@
-"""The sync-rule protocol: what :class:`~theanompi.trainer.Trainer` asks of BSP, EASGD and GOSGD."""
+"""The sync-rule protocol: what :class:`~theanompi.train.trainer.Trainer` asks of BSP, EASGD and GOSGD."""
 
 from __future__ import annotations
 

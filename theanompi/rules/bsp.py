@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from theanompi.params import get_values, set_values
+from theanompi.models.params import get_values, set_values
 from theanompi.rules.base import SyncRule
 
 __all__ = ["BSP", "SYNC_TYPES"]

@@ -3,7 +3,7 @@
 Rank 0 is the **server** (:class:`EASGDServer`): it holds the centre variable ``c`` as one
 fused float32 buffer and never trains. Ranks ``1..N`` are **workers**: each trains its own
 copy ``w`` of the model on a disjoint shard of the training set in the
-:class:`~theanompi.trainer.Trainer` loop, and every ``avg_freq`` local steps does the
+:class:`~theanompi.train.trainer.Trainer` loop, and every ``avg_freq`` local steps does the
 elastic exchange with the server::
 
     d = alpha * (w - c)      # computed in float32, bit-identically on both sides
@@ -332,7 +332,7 @@ class EASGD(SyncRule):
         return _Serve(comm, self.alpha) if comm.Get_rank() == SERVER else None
 
     def setup(self, model: Any, comm: Any) -> None:
-        from theanompi.params import ParamBuffer
+        from theanompi.models.params import ParamBuffer
 
         self.comm = comm
         self.buf = ParamBuffer(model.params)

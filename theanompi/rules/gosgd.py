@@ -183,7 +183,7 @@ class GOSGD(SyncRule):
         return {"gossip_p": self.p}
 
     def setup(self, model: Any, comm: Any) -> None:
-        from theanompi.params import ParamBuffer
+        from theanompi.models.params import ParamBuffer
 
         self.buf = ParamBuffer(model.params)
         self.gossip = Gossip(comm, self.p, self.seed, self.buf.size)

@@ -14,17 +14,17 @@ import numpy as np
 
 from theanompi.data._fault import fault_point
 from theanompi.errors import DivergedError, ResourceError
-from theanompi.metrics import validate
-from theanompi.params import (
+from theanompi.launch.signals import StopFlag
+from theanompi.launch.watchdog import Watchdog
+from theanompi.models.metrics import validate
+from theanompi.models.params import (
     ParamBuffer,
     assert_identical,
     bcast_values,
     get_values,
     set_values,
 )
-from theanompi.progress import Progress, StepStats
-from theanompi.signals import StopFlag
-from theanompi.watchdog import Watchdog
+from theanompi.train.progress import Progress, StepStats
 
 __all__ = ["Trainer", "LoopSettings", "wtime"]
 
@@ -61,17 +61,17 @@ class Trainer:
     train, val
         This rank's :class:`~theanompi.data.TrainLoader` and ``ValLoader``.
     snap
-        :class:`~theanompi.snapshot.Snapshotter` on ``comm``.
+        :class:`~theanompi.train.snapshot.Snapshotter` on ``comm``.
     record
-        :class:`~theanompi.record.RecordWriter` (enabled on rank 0 only).
+        :class:`~theanompi.io.record.RecordWriter` (enabled on rank 0 only).
     timeline
-        :class:`~theanompi.timeline.Timeline` (disabled unless asked for).
+        :class:`~theanompi.io.timeline.Timeline` (disabled unless asked for).
     schedule
-        :class:`~theanompi.schedule.LRSchedule` on top of the model's lr policy.
+        :class:`~theanompi.train.schedule.LRSchedule` on top of the model's lr policy.
     settings
         :class:`LoopSettings`.
     watchdog
-        :class:`~theanompi.watchdog.Watchdog` on the job's communicator (default: none).
+        :class:`~theanompi.launch.watchdog.Watchdog` on the job's communicator (default: none).
     """
 
     def __init__(

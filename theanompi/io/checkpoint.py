@@ -10,7 +10,7 @@ Layout of ``<checkpoint_dir>/epoch_0003.npz`` (written after 3 finished epochs):
   ``param_shapes``, ``opt_names``, ``opt_shapes``, ``buf_names``, ``buf_shapes``, ``epoch``,
   ``step``, and whatever the caller adds (``config``, ``rng`` states, ...).
 
-Files are written through :func:`theanompi.io.atomic_write`, so an interrupted
+Files are written through :func:`theanompi.io.atomic.atomic_write`, so an interrupted
 save never replaces (or half-writes) a good checkpoint. Rank-local state (for
 BSP ``avg`` the momentum buffers of ranks > 0 differ from rank 0's) goes in a
 side file ``epoch_0003.rank1.npz`` with the same format; it is written before
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from theanompi.errors import ConfigError, DataError
-from theanompi.io import atomic_write
+from theanompi.io.atomic import atomic_write
 
 __all__ = [
     "Checkpoint",

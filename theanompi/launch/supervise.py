@@ -383,8 +383,8 @@ def run_with_restarts(
     appended to the record as ``{"kind": "restart", "attempt", "max_restarts", "exit_code",
     "reason", "resume_from"}``; without a checkpoint yet, the run starts over.
     """
-    from theanompi.checkpoint import latest_checkpoint
-    from theanompi.record import append_entry
+    from theanompi.io.checkpoint import latest_checkpoint
+    from theanompi.io.record import append_entry
 
     resume = False
     for attempt in range(max_restarts + 1):
@@ -444,7 +444,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def _stop_now(signum: int, frame: Any) -> None:
-    """The stop signal where no :class:`~theanompi.signals.StopFlag` listens (eval, prep):
+    """The stop signal where no :class:`~theanompi.launch.signals.StopFlag` listens (eval, prep):
     end this rank with 130 at once; mpirun then stops the others."""
     os._exit(EXIT_INTERRUPTED)
 

@@ -1,9 +1,9 @@
 """``tmpi eval``: top-1 / top-5 error and loss of a checkpoint on the val split, MPI-parallel.
 
 Every rank evaluates its share of the val sub-batches (``ValLoader``: rank ``r``
-of ``N`` takes sub-batches ``r, r + N, ...``) with :func:`theanompi.metrics.evaluate`,
+of ``N`` takes sub-batches ``r, r + N, ...``) with :func:`theanompi.models.metrics.evaluate`,
 the code path of in-training validation: the same tie rule, loss floor and exact,
-N-independent reduction (see :mod:`theanompi.metrics`). Padded val slots (label ``-1``)
+N-independent reduction (see :mod:`theanompi.models.metrics`). Padded val slots (label ``-1``)
 are ignored.
 
 Rank 0 prints a table and writes a JSON report next to the checkpoint
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from theanompi.errors import ConfigError, DataError
-from theanompi.metrics import TOP_K, evaluate, indexed_batches
+from theanompi.models.metrics import TOP_K, evaluate, indexed_batches
 
 __all__ = [
     "run",
@@ -77,7 +77,7 @@ def load_model_checkpoint(model: Any, checkpoint: str | Path, model_name: str | 
     A checkpoint of another model raises a one-line ``ConfigError`` naming the parameter
     (and, when the checkpoint's meta names another model than ``model_name``, that model).
     """
-    from theanompi.checkpoint import apply_checkpoint, load_checkpoint
+    from theanompi.io.checkpoint import apply_checkpoint, load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     try:
@@ -91,7 +91,7 @@ def load_model_checkpoint(model: Any, checkpoint: str | Path, model_name: str | 
 
 
 def _resolve_checkpoint(cfg: Any, checkpoint: str | Path | None) -> Path:
-    from theanompi.checkpoint import latest_checkpoint
+    from theanompi.io.checkpoint import latest_checkpoint
 
     if checkpoint is not None:
         p = Path(checkpoint)
@@ -122,7 +122,7 @@ def _check_val_folder(cfg: Any) -> None:
 
 
 def _synsets(cfg: Any, K: int) -> list[tuple[str, str]]:
-    from prep.io import load_synsets
+    from theanompi.io.dataset import load_synsets
 
     try:
         rows = load_synsets(cfg.data.dir)
@@ -195,9 +195,9 @@ def run(
 
     from theanompi.comm import log
     from theanompi.data import ValLoader
-    from theanompi.io import write_json, write_npy
+    from theanompi.io.atomic import write_json, write_npy
     from theanompi.pytensor_env import CompileTurn
-    from theanompi.startup import check_nodes
+    from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -220,7 +220,7 @@ def run(
     ckpt_path, loader, model, ckpt = collective(comm, setup, model)
 
     K = int(model.n_classes)
-    # the code path of in-training validation (theanompi.metrics.validate): same numbers
+    # the code path of in-training validation (theanompi.models.metrics.validate): same numbers
     res = evaluate(
         model, indexed_batches(loader), comm, n_classes=K, keep_predictions=save_predictions
     )

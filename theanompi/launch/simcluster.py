@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from theanompi.supervise import pid_alive
+from theanompi.launch.supervise import pid_alive
 
 __all__ = ["SimCluster", "unavailable", "remove_stale", "PREFIX", "main"]
 
@@ -38,7 +38,7 @@ _NAME_RE = re.compile(rf"^(?:{PREFIX}|{_VETH})(\d+)x\d+[a-z]$")
 _serial = itertools.count()
 
 _AGENT = """#!/bin/sh
-# Launch agent standing in for ssh (written by theanompi.simcluster): drop ssh's options,
+# Launch agent standing in for ssh (written by theanompi.launch.simcluster): drop ssh's options,
 # map the host to its node's namespace, run the command there under that node's host name.
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -247,14 +247,14 @@ class SimCluster:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m theanompi.simcluster up DIR`` (builds, prints the mpirun arguments, waits
+    """``python -m theanompi.launch.simcluster up DIR`` (builds, prints the mpirun arguments, waits
     until Ctrl-C or SIGTERM, then tears down) or ``clean`` (removes stale clusters)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["clean"]:
         print("\n".join(remove_stale()) or "nothing stale")
         return 0
     if len(args) != 2 or args[0] != "up":
-        print("usage: python -m theanompi.simcluster up DIR | clean", file=sys.stderr)
+        print("usage: python -m theanompi.launch.simcluster up DIR | clean", file=sys.stderr)
         return 2
     why = unavailable()
     if why:

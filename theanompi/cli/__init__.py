@@ -90,7 +90,7 @@ def _relaunch_if_asked(n: int | None, max_restarts: int = 0, output: Any = None)
     config's ``output`` section: its checkpoint and record dirs)."""
     if n is None or under_mpirun():
         return
-    from theanompi.launch import relaunch
+    from theanompi.launch.mpirun import relaunch
 
     argv = sys.argv[1:]
     dirs = {}
@@ -106,7 +106,7 @@ def _start(n_expected: int | None) -> None:
 
     configure()
     install_abort_hook()
-    from theanompi.supervise import watch_launcher
+    from theanompi.launch.supervise import watch_launcher
 
     watch_launcher()  # started by `tmpi ... -n N`: stop when the launcher is gone
     from theanompi.comm import describe_hosts, local_size, log
@@ -284,8 +284,8 @@ def train(
     from theanompi.comm import world
 
     check_world_size(cfg, world().Get_size())
-    from theanompi.signals import StopFlag
-    from theanompi.train import run
+    from theanompi.launch.signals import StopFlag
+    from theanompi.train.run import run
 
     with StopFlag():  # a Ctrl-C before the loop (or on a serving rank) waits for the loop
         summary = run(cfg, resume=resume, overwrite=overwrite)
@@ -330,7 +330,7 @@ def evaluate(
     cfg = load_config(config, model, over)  # validate before starting any MPI job
     _relaunch_if_asked(n)
     _start(n)
-    from theanompi.eval import run
+    from theanompi.train.evaluate import run
 
     run(cfg, checkpoint=checkpoint, per_class=per_class, save_predictions=save_predictions)
 
@@ -343,7 +343,7 @@ def plot(
     ] = None,
 ) -> None:
     """Plot train/val loss and error curves of a run's record as a PNG."""
-    from theanompi.plot import plot_run
+    from theanompi.cli.plot import plot_run
 
     path = plot_run(run_dir, out)
     typer.echo(f"wrote {path}")
@@ -360,10 +360,10 @@ def info() -> None:
     import pytensor
     from mpi4py import MPI
 
-    import theanompi
+    from theanompi._version import __version__
 
     rows = [
-        ("theanompi", theanompi.__version__),
+        ("theanompi", __version__),
         ("python", sys.version.split()[0]),
         ("mpi", MPI.Get_library_version().splitlines()[0].strip()),
         ("mpi4py", mpi4py.__version__),
@@ -439,8 +439,8 @@ def bench_train(ctx: typer.Context) -> None:
 
 def _take_placement_flags() -> None:
     """Move ``--hostfile``/``-H``/``--mpi-args`` (any command with ``-n``) out of the command
-    line into the launcher's environment variables (:class:`theanompi.hosts.Placement`)."""
-    from theanompi.hosts import split_placement_flags
+    line into the launcher's environment variables (:class:`theanompi.launch.hosts.Placement`)."""
+    from theanompi.launch.hosts import split_placement_flags
 
     found, rest = split_placement_flags(sys.argv[1:])
     if found:

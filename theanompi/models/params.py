@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from theanompi.checkpoint import array_names
 from theanompi.errors import ConfigError
+from theanompi.io.checkpoint import array_names
 
 __all__ = [
     "on_device",

@@ -1,4 +1,5 @@
-"""Reader API for the prep output (what the trainer uses): manifest, batches, labels, mean, synsets.
+"""The prep output format, shared by prep (writer) and training (reader): paths, manifest, batches,
+labels, mean, synsets, and the batch digest.
 
 The data folder holds ``train_hkl_b<B>/NNNN.hkl`` and ``val_hkl_b<B>/NNNN.hkl`` (one uint8
 array each, layout ``c01b`` = (3, S, S, B) or ``bc01`` = (B, 3, S, S)), ``labels/<split>_labels.npy``
@@ -8,6 +9,7 @@ array each, layout ``c01b`` = (3, S, S, B) or ``bc01`` = (B, 3, S, S)), ``labels
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,6 +20,7 @@ import numpy as np
 from theanompi.errors import DataError
 
 __all__ = [
+    "batch_digest",
     "SPLITS",
     "LAYOUTS",
     "MANIFEST",
@@ -153,3 +156,11 @@ def load_synsets(out: PathLike) -> list[tuple[str, str]]:
         if len(parts) >= 2:
             rows.append((parts[1], parts[2] if len(parts) == 3 else parts[1]))
     return rows
+
+
+def batch_digest(images: np.ndarray, labels: np.ndarray) -> str:
+    """SHA-256 of one batch: the C-order uint8 bytes, then the labels as little-endian int32."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(images).data)
+    h.update(np.asarray(labels, dtype="<i4").tobytes())
+    return h.hexdigest()

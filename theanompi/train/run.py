@@ -66,7 +66,7 @@ def run(
         A validated :class:`theanompi.config.Config`.
     resume
         Continue from the latest checkpoint in ``cfg.output.checkpoint_dir``; the config
-        stored there is compared with ``cfg`` first (:mod:`theanompi.rundir`).
+        stored there is compared with ``cfg`` first (:mod:`theanompi.train.rundir`).
     overwrite
         Delete an earlier run's checkpoints and record in the run dir first; without it
         (or ``resume``) a run dir holding a run is refused.
@@ -86,15 +86,15 @@ def run(
     from mpi4py import MPI
 
     from theanompi.data import TrainLoader, ValLoader
-    from theanompi.eval import collective
+    from theanompi.io.timeline import Timeline
     from theanompi.pytensor_env import CompileTurn
-    from theanompi.startup import check_nodes
-    from theanompi.timeline import Timeline
+    from theanompi.train.evaluate import collective
+    from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rule = create_rule(cfg)
     rule.check_world(comm.Get_size())
-    from theanompi.rundir import check_run_dir
+    from theanompi.train.rundir import check_run_dir
 
     n_workers = rule.n_workers(comm.Get_size())
     check_run_dir(comm, cfg, resume=resume, overwrite=overwrite, n_workers=n_workers)
@@ -127,7 +127,7 @@ def run(
         return train, val, built
 
     parts = collective(comm, setup)
-    from theanompi.watchdog import Watchdog
+    from theanompi.launch.watchdog import Watchdog
 
     with Watchdog(comm, float(cfg.training.stall_timeout)) as watchdog:
         if server is not None:
@@ -157,12 +157,12 @@ def _fit(
     watchdog: Any = None,
 ) -> dict[str, Any]:
     """Start values (rank 0's or the checkpoint's), record, then the Trainer's loop."""
-    from theanompi.params import bcast_values, check_same_layout
-    from theanompi.record import RecordWriter
-    from theanompi.rng import seed_rngs
-    from theanompi.schedule import LRSchedule, lr_scale
-    from theanompi.snapshot import Snapshotter
-    from theanompi.trainer import LoopSettings, Trainer
+    from theanompi.io.record import RecordWriter
+    from theanompi.models.params import bcast_values, check_same_layout
+    from theanompi.train.rng import seed_rngs
+    from theanompi.train.schedule import LRSchedule, lr_scale
+    from theanompi.train.snapshot import Snapshotter
+    from theanompi.train.trainer import LoopSettings, Trainer
 
     rank, size = comm.Get_rank(), comm.Get_size()
     tag = f"[{rule.name.lower()}]"

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from theanompi.checkpoint import (
+from theanompi.errors import ConfigError, ResourceError, resource_error
+from theanompi.io.checkpoint import (
     Checkpoint,
     checkpoint_path,
     latest_checkpoint,
@@ -20,9 +21,8 @@ from theanompi.checkpoint import (
     save_arrays,
     save_checkpoint,
 )
-from theanompi.errors import ConfigError, ResourceError, resource_error
-from theanompi.params import bcast_values, get_values, set_values
-from theanompi.rng import get_rng_states, set_rng_states
+from theanompi.models.params import bcast_values, get_values, set_values
+from theanompi.train.rng import get_rng_states, set_rng_states
 
 __all__ = ["Snapshotter"]
 
@@ -159,7 +159,7 @@ class Snapshotter:
         then applies its side file when one exists for this world size. Raises a
         ``ConfigError`` (on every rank) when there is nothing to resume from.
         """
-        from theanompi.checkpoint import apply_checkpoint
+        from theanompi.io.checkpoint import apply_checkpoint
 
         msg: str | None = None
         ck: Checkpoint | None = None

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from theanompi.errors import UserError
-from theanompi.hosts import Placement
+from theanompi.launch.hosts import Placement
 
 __all__ = ["find_mpirun", "mpirun_command", "mpirun_env", "relaunch"]
 
@@ -65,10 +65,10 @@ def relaunch(
     record_dir: str | os.PathLike[str] | None = None,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
-    (:mod:`theanompi.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures)
+    (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures)
     and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
     ``--resume`` from the latest checkpoint in ``checkpoint_dir``."""
-    from theanompi.supervise import run_with_restarts
+    from theanompi.launch.supervise import run_with_restarts
 
     env = mpirun_env() | {"THEANOMPI_LAUNCHED": str(n)}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from theanompi.errors import ConfigError, ResourceError, resource_error
-from theanompi.io import atomic_write
+from theanompi.io.atomic import atomic_write
 
 __all__ = ["Timeline", "DEFAULT_MAX_EVENTS"]
 
@@ -227,7 +227,7 @@ class Timeline:
 
     def _trace_info(self, everyone: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            "producer": "theanompi.timeline",
+            "producer": "theanompi.io.timeline",
             "world_size": self.size,
             "origin": "each rank's MPI.Wtime() just after a Barrier at Timeline construction",
             "origin_unix_s": round(self._origin_unix, 6),

@@ -160,7 +160,7 @@ def prepare_run_dir(cfg: Any, *, resume: bool, overwrite: bool, n_workers: int) 
         (rec_dir, "output.record_dir"),
     ):
         _writable(folder, key)
-    from theanompi.checkpoint import latest_checkpoint, list_checkpoints
+    from theanompi.io.checkpoint import latest_checkpoint, list_checkpoints
 
     ckpts = [p for p in _files(ckpt_dir, _CKPT_FILE) if p.suffix == ".npz" and p.name[0] != "."]
     notes: list[str] = []

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from theanompi.errors import resource_error
-from theanompi.io import atomic_write
+from theanompi.io.atomic import atomic_write
 
 __all__ = ["RECORD_NAME", "RecordWriter", "append_entry", "read_record", "record_file"]
 

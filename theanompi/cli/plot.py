@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from theanompi.errors import DataError, UserError
-from theanompi.record import read_record, record_file
+from theanompi.io.record import read_record, record_file
 
 __all__ = ["plot_run", "curves"]
 
@@ -156,7 +156,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         title += f" - val top-1 accuracy {100 * (1 - last['val_top1_err']):.1f}% after {last['epoch'] + 1} epoch(s)"
     fig.suptitle(title)
     fig.tight_layout()
-    from theanompi.io import atomic_write
+    from theanompi.io.atomic import atomic_write
 
     with atomic_write(out_path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")

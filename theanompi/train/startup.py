@@ -18,10 +18,10 @@ def _versions() -> dict[str, str]:
     import numpy
     import pytensor
 
-    import theanompi
+    from theanompi._version import __version__
 
     return {
-        "theanompi": theanompi.__version__,
+        "theanompi": __version__,
         "pytensor": pytensor.__version__,
         "numpy": numpy.__version__,
     }
@@ -29,7 +29,7 @@ def _versions() -> dict[str, str]:
 
 def _data_fingerprint(data_dir: Path) -> str | None:
     """The manifest's checksum (``"?"`` when it has none); None when the folder lacks one."""
-    from prep.io import MANIFEST
+    from theanompi.io.dataset import MANIFEST
 
     try:
         manifest = json.loads((data_dir / MANIFEST).read_text())

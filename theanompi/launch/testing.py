@@ -11,11 +11,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from theanompi.launch import mpirun_command, mpirun_env
+from theanompi.launch.mpirun import mpirun_command, mpirun_env
 
 __all__ = ["REPO", "run_mpi", "tmpi"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_mpi(
