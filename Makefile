@@ -77,6 +77,7 @@ bench-train: venv
 lint: venv
 	$(BIN)/ruff check theanompi prep pipelines tests
 	$(BIN)/ruff format --check theanompi prep pipelines tests
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf data runs bench_out

@@ -85,13 +85,9 @@ def image_ids(x: np.ndarray) -> np.ndarray:
 
 
 def tiny_config(data: Path, run_dir: Path, **over: object):
-    """A validated Config on the tiny dataset (model: tests/rules/model_fake.yaml).
-
-    ``name: fake`` (tests/rules/_fake_model.py, which the tests build themselves) is in the
-    model registry while the config is validated.
-    """
+    """A validated Config on the tiny dataset (model: tests/rules/model_fake.yaml, whose
+    ``name: _fake_model.py:FakeModel`` the registry resolves beside the YAML)."""
     from theanompi.config import load_config
-    from theanompi.models import MODELS
 
     man = json.loads((Path(data) / "misc" / "manifest.json").read_text())
     base = {
@@ -104,13 +100,7 @@ def tiny_config(data: Path, run_dir: Path, **over: object):
     }
     base.update(over)
     model = Path(__file__).parent / "rules" / "model_fake.yaml"
-    added = "fake" not in MODELS
-    MODELS.setdefault("fake", ("_fake_model", "FakeModel"))
-    try:
-        return load_config(None, model, base)
-    finally:
-        if added:
-            del MODELS["fake"]
+    return load_config(None, model, base)
 
 
 def job_args(rest: list[str]) -> tuple[set[str], dict[str, object]]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-import types
 from pathlib import Path
 from typing import get_type_hints
 
@@ -161,25 +159,82 @@ def test_choices_are_the_registries() -> None:
     assert fill_choices("rule: {weight_exchange.sync_rule}.") == f"rule: {', '.join(RULES)}."
 
 
-def test_a_name_added_to_a_registry_becomes_a_choice(tmp_path: Path, monkeypatch) -> None:
-    from theanompi.exchange import STRATEGIES
-    from theanompi.exchange.compression import COMPRESSORS
-    from theanompi.models import MODELS
-    from theanompi.rules import RULES
+PLUGINS = """
+from theanompi.rules.base import SyncRule
 
+
+class Local(SyncRule):
+    name = "LOCAL"
+
+
+class Served(SyncRule):
+    name, min_ranks, uses_strategy = "SERVED", 2, True
+
+    @classmethod
+    def n_workers(cls, size):
+        return size - 1
+
+
+class Ring:
+    requires_power_of_two = True
+
+
+class AnyRing:
+    requires_power_of_two = False
+
+
+class Int8:
+    pass
+
+
+class Tiny:
+    pass
+"""
+
+
+def plugins(tmp_path: Path) -> str:
+    """A user's file of components, named by ``plugins.py:Class`` beside the configs."""
+    (tmp_path / "plugins.py").write_text(PLUGINS)
+    return str((tmp_path / "plugins.py").resolve())
+
+
+def test_a_user_class_by_reference_is_a_choice(tmp_path: Path) -> None:
     msg = error_of(tmp_path, {"weight_exchange": {"sync_rule": "LOCAL"}})
     assert "sync_rule is 'LOCAL'" in msg and "'GOSGD'" in msg
-    run = {"weight_exchange": {"sync_rule": "LOCAL", "exch_strategy": "ring"}}
-    run["weight_exchange"]["compression"] = "int8"
-    monkeypatch.setitem(RULES, "LOCAL", ("x", "Local"))
-    monkeypatch.setitem(STRATEGIES, "ring", ("x", "Ring"))
-    monkeypatch.setitem(COMPRESSORS, "int8", object)
-    monkeypatch.setitem(MODELS, "tiny", ("x", "Tiny"))
-    run_path, model_path = write(tmp_path, run, MODEL | {"name": "tiny"})
+    assert "package.module:Class or path/to/file.py:Class" in msg
+    path = plugins(tmp_path)
+    run = {"weight_exchange": {"sync_rule": "plugins.py:Local", "exch_strategy": "plugins.py:Ring"}}
+    run["weight_exchange"]["compression"] = "plugins.py:Int8"
+    run_path, model_path = write(tmp_path, run, MODEL | {"name": "plugins.py:Tiny"})
     cfg = load_config(run_path, model_path)
     we = cfg.weight_exchange
-    assert (we.sync_rule, we.exch_strategy, we.compression) == ("LOCAL", "ring", "int8")
-    assert cfg.model.name == "tiny"
+    # relative to the config file, stored absolute: every rank and a --resume find the same file
+    assert (we.sync_rule, we.exch_strategy, we.compression) == (
+        f"{path}:Local",
+        f"{path}:Ring",
+        f"{path}:Int8",
+    )
+    assert cfg.model.name == f"{path}:Tiny"
+    # a module on sys.path by its dotted name
+    over = {"weight_exchange.compression": "theanompi.exchange.compression:FP16Compression"}
+    cfg = load_config(run_path, model_path, over)
+    assert cfg.weight_exchange.compression == over["weight_exchange.compression"]
+
+
+@pytest.mark.parametrize(
+    ("ref", "why"),
+    [
+        ("nowhere.py:Local", "no file"),
+        ("plugins.py:Nope", "has no 'Nope'"),
+        ("no_such_pkg.mod:Local", "no module 'no_such_pkg.mod'"),
+        ("broken.py:Local", "importing it failed: ZeroDivisionError"),
+    ],
+)
+def test_a_bad_reference_is_one_line(tmp_path: Path, ref: str, why: str) -> None:
+    plugins(tmp_path)
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    msg = error_of(tmp_path, {"weight_exchange": {"sync_rule": ref}})
+    assert "weight_exchange.sync_rule" in msg and why in msg and "\n" not in msg
 
 
 def test_gosgd_is_accepted(tmp_path: Path) -> None:
@@ -192,45 +247,24 @@ def test_gosgd_is_accepted(tmp_path: Path) -> None:
         check_world_size(cfg, 1)
 
 
-def _register_fake(monkeypatch, registry: dict, name: str, cls: type) -> None:
-    module = types.ModuleType(f"_fake_{name}")
-    setattr(module, cls.__name__, cls)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(registry, name, (module.__name__, cls.__name__))
-
-
 @pytest.mark.parametrize("pow2", [True, False])
-def test_power_of_two_is_asked_of_the_strategy_class(
-    tmp_path: Path, monkeypatch, pow2: bool
-) -> None:
-    from theanompi.exchange import STRATEGIES
-
-    cls = type("RingExchanger", (), {"requires_power_of_two": pow2})
-    _register_fake(monkeypatch, STRATEGIES, "ring", cls)
-    run_path, model_path = write(tmp_path, {"weight_exchange": {"exch_strategy": "ring"}})
+def test_power_of_two_is_asked_of_the_strategy_class(tmp_path: Path, pow2: bool) -> None:
+    plugins(tmp_path)
+    ring = "plugins.py:Ring" if pow2 else "plugins.py:AnyRing"
+    run_path, model_path = write(tmp_path, {"weight_exchange": {"exch_strategy": ring}})
     cfg = load_config(run_path, model_path)
     check_world_size(cfg, 4)
     if pow2:
-        with pytest.raises(ConfigError, match=r"'ring' needs a power-of-2 .* N=6; use -n 4 or"):
+        with pytest.raises(ConfigError, match=r"Ring' needs a power-of-2 .* N=6; use -n 4 or"):
             check_world_size(cfg, 6)
     else:
         check_world_size(cfg, 6)
 
 
-def test_power_of_two_counts_the_rules_workers(tmp_path: Path, monkeypatch) -> None:
+def test_power_of_two_counts_the_rules_workers(tmp_path: Path) -> None:
     """A rule with a server rank and a strategy: N is the workers, -n the ranks."""
-    from theanompi.rules import RULES
-    from theanompi.rules.base import SyncRule
-
-    class Served(SyncRule):
-        name, min_ranks, uses_strategy = "SERVED", 2, True
-
-        @classmethod
-        def n_workers(cls, size: int) -> int:
-            return size - 1
-
-    _register_fake(monkeypatch, RULES, "SERVED", Served)
-    run = {"weight_exchange": {"sync_rule": "SERVED", "exch_strategy": "copper"}}
+    plugins(tmp_path)
+    run = {"weight_exchange": {"sync_rule": "plugins.py:Served", "exch_strategy": "copper"}}
     run_path, model_path = write(tmp_path, run)
     cfg = load_config(run_path, model_path)
     check_world_size(cfg, 5)  # 4 workers

@@ -21,6 +21,7 @@ import yaml
 from theanompi.comm import is_power_of_two
 from theanompi.errors import ConfigError
 from theanompi.models.section import ModelSection
+from theanompi.registry import Registry
 from theanompi.schema import (
     AT_LEAST_1,
     DIR,
@@ -65,17 +66,17 @@ DATA_VERIFY = ("first_read", "all", "off")  # data.verify: batch digests against
 LR_SCALINGS = ("none", "linear")
 
 
-# -- choices read from the registries (imported only when a config is validated) ------------
-def _rule_names() -> tuple[str, ...]:
+# -- choices read from the registries (a name, or a reference they resolve) (imported only when a config is validated) ------------
+def _rules() -> Registry[Any]:
     from theanompi.rules import RULES
 
-    return tuple(RULES)
+    return RULES
 
 
-def _strategy_names() -> tuple[str, ...]:
+def _strategies() -> Registry[Any]:
     from theanompi.exchange import STRATEGIES
 
-    return tuple(STRATEGIES)
+    return STRATEGIES
 
 
 def _sync_type_names() -> tuple[str, ...]:
@@ -84,16 +85,16 @@ def _sync_type_names() -> tuple[str, ...]:
     return tuple(SYNC_TYPES)
 
 
-def _compressor_names() -> tuple[str, ...]:
+def _compressors() -> Registry[Any]:
     from theanompi.exchange.compression import COMPRESSORS
 
-    return tuple(COMPRESSORS)
+    return COMPRESSORS
 
 
-def _backends() -> tuple[str, ...]:
+def _backends() -> Registry[Any]:
     from theanompi.models.ops import BACKENDS
 
-    return tuple(BACKENDS)
+    return BACKENDS
 
 
 @dataclass(frozen=True)
@@ -113,14 +114,14 @@ class DataSection(Section):
 class WeightExchangeSection(Section):
     """``weight_exchange``: how the workers' replicas are kept together."""
 
-    sync_rule: str = key("BSP", choices=_rule_names)  # theanompi.rules.RULES
-    exch_strategy: str = key("ar", choices=_strategy_names)  # theanompi.exchange.STRATEGIES
+    sync_rule: str = key("BSP", choices=_rules)  # theanompi.rules.RULES
+    exch_strategy: str = key("ar", choices=_strategies)  # theanompi.exchange.STRATEGIES
     sync_type: str = key("avg", choices=_sync_type_names)  # BSP: avg params; cdd: grads
     sync_start: bool = True  # EASGD: server and workers start in one mpirun
     avg_freq: int = key(2, check=AT_LEAST_1)  # EASGD: elastic exchange every avg_freq steps
     alpha: float = key(0.5, check=UNIT)  # EASGD: elastic moving rate
     # values on the wire (asa16 implies fp16): theanompi.exchange.compression.COMPRESSORS
-    compression: str = key("none", choices=_compressor_names)
+    compression: str = key("none", choices=_compressors)
     gossip_p: float = key(0.5, check=UNIT)  # GOSGD: probability that a worker pushes after a step
     check_every: int = key(0, check=NON_NEGATIVE)  # debug: ranks bit-identical every K steps
 
@@ -306,6 +307,11 @@ def _model_source(name_or_path: str) -> tuple[dict[str, Any], str, str]:
     return _read_yaml(path), str(path), path.stem
 
 
+def _folder_of(where: str) -> Path | None:
+    """The folder of a config file that ``where`` names (None: not a file)."""
+    return Path(where).parent if _exists(Path(where)) else None
+
+
 def _expand(name: str, template: str, **values: str) -> str:
     """``template`` with its ``{name}`` placeholders filled in; only plain names of ``values``
     (no ``{model.x}``, ``{0}``, ``{model!r}`` or format specs), ``{{``/``}}`` for braces."""
@@ -365,18 +371,21 @@ def load_config(
             raise ConfigError(
                 f"override {show(name)}: unknown section; {suggest(sec, [*SCHEMA, 'model'])}"
             )
-        checked("command line", SCHEMA[sec], {short: value}, f"{sec}.")  # name the flag's value
-        raw.setdefault(sec, {})[short] = value
-    checked("command line", ModelSection, model_over, "model.")
-    given = {sec: checked(where, cls, raw.get(sec, {}), f"{sec}.") for sec, cls in SCHEMA.items()}
+        value = checked("command line", SCHEMA[sec], {short: value}, f"{sec}.")[short]
+        raw.setdefault(sec, {})[short] = value  # as checked: a file reference made absolute
+    model_over = checked("command line", ModelSection, model_over, "model.")
+    given = {
+        sec: checked(where, cls, raw.get(sec, {}), f"{sec}.", run_path.parent)
+        for sec, cls in SCHEMA.items()
+    }
     if model is not None:
         given["training"].update(
             checked("--model", TrainingSection, {"model": str(model)}, "training.")
         )
 
     mraw, model_where, stem = _model_source(given["training"].get("model", TrainingSection.model))
-    mraw.update(model_over)
-    mgiven = checked(model_where, ModelSection, mraw, "model.")
+    mgiven = checked(model_where, ModelSection, mraw, "model.", _folder_of(model_where))
+    mgiven.update(model_over)
     if not mgiven.get("name"):
         raise ConfigError(
             f"{model_where}: key 'name' is required (the model to build, e.g. small_cnn)"
@@ -419,25 +428,25 @@ def _cross_check(cfg: Config) -> None:
 def check_world_size(cfg: Config, size: int) -> None:
     """Checks that need the total rank count ``size`` (servers included).
 
-    The rule's own (``rule_class(rule).check_world(size)``, e.g. a server plus a worker);
+    The rule's own (``RULES.get(rule).check_world(size)``, e.g. a server plus a worker);
     then, for rules that exchange with ``exch_strategy``, the strategy's
     ``requires_power_of_two`` on the rule's worker count.
     """
-    from theanompi.exchange import STRATEGIES, strategy_class
-    from theanompi.rules import rule_class
+    from theanompi.exchange import STRATEGIES
+    from theanompi.rules import RULES
 
-    rule = rule_class(cfg.weight_exchange.sync_rule)
+    rule = RULES.get(cfg.weight_exchange.sync_rule)
     rule.check_world(size)
     if not rule.uses_strategy:
         return
     strategy = cfg.weight_exchange.exch_strategy
     n = rule.n_workers(size)
-    if strategy_class(strategy).requires_power_of_two and not is_power_of_two(n):
+    if STRATEGIES.get(strategy).requires_power_of_two and not is_power_of_two(n):
         lower, extra = 1 << (max(n, 1).bit_length() - 1), size - n
         any_n = [
             s
             for s in STRATEGIES
-            if not (strategy_class(s).requires_power_of_two or strategy_class(s).baseline)
+            if not (STRATEGIES.get(s).requires_power_of_two or STRATEGIES.get(s).baseline)
         ]
         other = f", or --strategy {any_n[0]} (any N)" if any_n else ""
         raise ConfigError(

@@ -3,7 +3,7 @@ checked at load time, each failure one ``ConfigError`` line naming the key and t
 
 The generic part of the configs: :mod:`theanompi.config` declares the run's sections and
 :mod:`theanompi.models.section` the model's, both with :func:`key` and :class:`Section`.
-May import only ``theanompi.errors``.
+May import only ``theanompi.errors`` and ``theanompi.registry``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, Field, field, fields
 from functools import cache
+from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 
 from theanompi.errors import ConfigError
+from theanompi.registry import Registry, is_reference
 
 __all__ = [
     "Section",
@@ -189,15 +191,31 @@ def _as_float(value: Any) -> Any:
     return value
 
 
-def _check_value(where: str, name: str, f: Field[Any], hint: Any, value: Any) -> Any:
+def _check_choice(where: str, name: str, valid: Any, value: Any, base: Path | None) -> str:
+    """A choice: one of a tuple, or a registered name or a reference that a registry resolves."""
+    if isinstance(valid, Registry) and isinstance(value, str) and is_reference(value):
+        try:
+            return valid.check(value, base)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {name}: {err}") from None
+    if not isinstance(value, str) or value not in valid:
+        more = (
+            ", or package.module:Class or path/to/file.py:Class"
+            if isinstance(valid, Registry)
+            else ""
+        )
+        raise ConfigError(
+            f"{where}: {name} is {show(value)}; it must be one of {', '.join(map(repr, valid))}{more}"
+        )
+    return value
+
+
+def _check_value(
+    where: str, name: str, f: Field[Any], hint: Any, value: Any, base: Path | None
+) -> Any:
     valid = f.metadata.get("choices")
     if valid is not None:
-        valid = tuple(valid() if callable(valid) else valid)
-        if not isinstance(value, str) or value not in valid:
-            raise ConfigError(
-                f"{where}: {name} is {show(value)}; it must be one of {', '.join(map(repr, valid))}"
-            )
-        return value
+        return _check_choice(where, name, valid() if callable(valid) else valid, value, base)
     kind = _yaml_type(hint)
     if kind is float:
         value = _as_float(value)
@@ -223,8 +241,11 @@ def _check_value(where: str, name: str, f: Field[Any], hint: Any, value: Any) ->
     return freeze(value)
 
 
-def checked(where: str, cls: type[Section], given: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """``given`` validated against ``cls``'s fields, defaults filled in (the section's kwargs)."""
+def checked(
+    where: str, cls: type[Section], given: dict[str, Any], prefix: str, base: Path | None = None
+) -> dict[str, Any]:
+    """``given`` validated against ``cls``'s fields (the section's kwargs); ``base`` is the
+    folder that a ``path/to/file.py:Class`` choice is relative to (the file's; else the cwd)."""
     known = fields_of(cls)
     unknown = [str(k) for k in given if k not in known]
     if unknown:
@@ -233,6 +254,6 @@ def checked(where: str, cls: type[Section], given: dict[str, Any], prefix: str) 
         )
     hints = _hints(cls)
     return {
-        name: _check_value(where, prefix + name, known[name], hints[name], value)
+        name: _check_value(where, prefix + name, known[name], hints[name], value, base)
         for name, value in given.items()
     }

@@ -49,13 +49,13 @@ VARIANTS: dict[str, tuple[str, str, dict[str, int]]] = {
 
 def default_cases() -> list[str]:
     """Every strategy, again with every compressor its name does not imply, and the variants."""
-    from theanompi.exchange import STRATEGIES, strategy_class
+    from theanompi.exchange import STRATEGIES
     from theanompi.exchange.compression import COMPRESSORS
 
     cases = []
     for name in STRATEGIES:
         cases.append(name)
-        if strategy_class(name).implied_compression is None:
+        if STRATEGIES.get(name).implied_compression is None:
             cases += [f"{name}+{c}" for c in COMPRESSORS if c != "none"]
     return cases + list(VARIANTS)
 
@@ -69,9 +69,9 @@ def parse_case(case: str) -> tuple[str, str, dict[str, int]]:
 
 
 def needs_power_of_two(case: str) -> bool:
-    from theanompi.exchange import strategy_class
+    from theanompi.exchange import STRATEGIES
 
-    return strategy_class(parse_case(case)[0]).requires_power_of_two
+    return STRATEGIES.get(parse_case(case)[0]).requires_power_of_two
 
 
 _INPUTS: dict[tuple[int, int], list[np.ndarray]] = {}
@@ -117,9 +117,9 @@ def digest(arrays: list[np.ndarray]) -> str:
 def _same_algorithm_key(ex: Any, options: dict[str, int]) -> tuple[Any, ...]:
     """Cases with equal keys must give equal bytes: the most basic registered class among
     the exchanger's bases (``Asa16Exchanger`` is an ``Asa32Exchanger``), compression, options."""
-    from theanompi.exchange import STRATEGIES, strategy_class
+    from theanompi.exchange import STRATEGIES
 
-    registered = {strategy_class(name) for name in STRATEGIES}
+    registered = {STRATEGIES.get(name) for name in STRATEGIES}
     base = [c for c in type(ex).__mro__ if c in registered][-1]
     return base, ex.compressor.name, tuple(sorted(options.items()))
 

@@ -74,23 +74,23 @@ def parse_case(case: str) -> tuple[str, str]:
     >>> parse_case("copper+fp16")
     ('copper', 'fp16')
     """
-    from theanompi.exchange import strategy_class
-    from theanompi.exchange.compression import compressor_class
+    from theanompi.exchange import STRATEGIES
+    from theanompi.exchange.compression import COMPRESSORS
 
     name, _, compression = case.partition("+")
-    strategy_class(name)
-    compressor_class(compression or "none")
+    STRATEGIES.get(name)
+    COMPRESSORS.get(compression or "none")
     return name, compression or "none"
 
 
 def _registered_as(name: str, compression: str) -> str | None:
     """The registered name that already is ``name`` with ``compression`` (``asa16`` for
     ``asa32+fp16``: a subclass that implies it), or None."""
-    from theanompi.exchange import STRATEGIES, strategy_class
+    from theanompi.exchange import STRATEGIES
 
-    cls = strategy_class(name)
+    cls = STRATEGIES.get(name)
     for other in STRATEGIES:
-        o = strategy_class(other)
+        o = STRATEGIES.get(other)
         if other != name and issubclass(o, cls) and o.implied_compression == compression:
             return other
     return None
@@ -99,12 +99,12 @@ def _registered_as(name: str, compression: str) -> str | None:
 def default_cases() -> list[str]:
     """Every registered strategy, ``name+<compressor>`` for those whose name implies none
     (baselines only uncompressed; combinations another name already is skipped), gloo."""
-    from theanompi.exchange import STRATEGIES, strategy_class
+    from theanompi.exchange import STRATEGIES
     from theanompi.exchange.compression import COMPRESSORS
 
     cases = []
     for name in STRATEGIES:
-        cls = strategy_class(name)
+        cls = STRATEGIES.get(name)
         cases.append(name)
         if cls.implied_compression is None and not cls.baseline:
             cases += [
@@ -118,17 +118,17 @@ def default_cases() -> list[str]:
 def _uncompressed(case: str) -> str | None:
     """The float32 case a compressed one is compared with: ``ar`` for ``ar+fp16``, ``asa32``
     for ``asa16`` (the registered base class it compresses); None for float32 cases."""
-    from theanompi.exchange import STRATEGIES, strategy_class
+    from theanompi.exchange import STRATEGIES
 
     if case == GLOO:
         return None
     name, compression = parse_case(case)
     if compression != "none":
         return name
-    cls = strategy_class(name)
+    cls = STRATEGIES.get(name)
     if cls.implied_compression in (None, "none"):
         return None
-    bases = [n for n in STRATEGIES if n != name and issubclass(cls, strategy_class(n))]
+    bases = [n for n in STRATEGIES if n != name and issubclass(cls, STRATEGIES.get(n))]
     return bases[0] if bases else None
 
 
@@ -346,9 +346,9 @@ def _goal(ratio: float, case: str) -> str:
 
 
 def _is_baseline(case: str) -> bool:
-    from theanompi.exchange import strategy_class
+    from theanompi.exchange import STRATEGIES
 
-    return strategy_class(parse_case(case)[0]).baseline
+    return STRATEGIES.get(parse_case(case)[0]).baseline
 
 
 def _bw(row: dict[str, Any]) -> tuple[float, float]:

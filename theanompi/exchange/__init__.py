@@ -1,7 +1,7 @@
 """BSP parameter exchangers: ``create_exchanger(name)`` → prepare once, exchange in place.
 
 :data:`STRATEGIES` is the only list of strategy names; everything else (config validation,
-CLI help, the benchmark, the tests) reads it and asks :func:`strategy_class` for a
+CLI help, the benchmark, the tests) reads it and asks ``STRATEGIES.get(name)`` for a
 strategy's capabilities instead of listing names again. Any strategy takes any compressor of
 :data:`~theanompi.exchange.compression.COMPRESSORS` (what travels on the wire):
 
@@ -18,52 +18,26 @@ name           collective                   N      float16    float16 roundings 
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
 
-from theanompi.errors import ConfigError
 from theanompi.exchange.base import OPS, Exchanger
+from theanompi.registry import Registry
 
-__all__ = ["Exchanger", "OPS", "STRATEGIES", "create_exchanger", "strategy_class"]
+__all__ = ["Exchanger", "OPS", "STRATEGIES", "create_exchanger"]
 
-#: name -> (module, class); modules are imported only when chosen
-STRATEGIES: dict[str, tuple[str, str]] = {
-    "ar": ("theanompi.exchange.ar", "ArExchanger"),
-    "asa32": ("theanompi.exchange.asa", "Asa32Exchanger"),
-    "asa16": ("theanompi.exchange.asa", "Asa16Exchanger"),
-    "copper": ("theanompi.exchange.copper", "CopperExchanger"),
-    "ar_per_array": ("theanompi.exchange.ar_per_array", "ArPerArrayExchanger"),
-}
-
-
-def strategy_class(name: str) -> type[Exchanger]:
-    """The exchanger class called ``name`` (its module imported now), to ask its capabilities.
-
-    Parameters
-    ----------
-    name : str
-        A key of :data:`STRATEGIES`.
-
-    Returns
-    -------
-    type[Exchanger]
-        With ``requires_power_of_two``, ``implied_compression``, ``baseline`` and
-        ``wire_roundings(n)``.
-
-    Examples
-    --------
-    >>> strategy_class("copper").requires_power_of_two
-    True
-    >>> strategy_class("allreduce")
-    Traceback (most recent call last):
-    ...
-    theanompi.errors.ConfigError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array'
-    """
-    if name not in STRATEGIES:
-        choices = ", ".join(map(repr, STRATEGIES))
-        raise ConfigError(f"unknown exchanger {name!r}; choose from {choices}")
-    module, cls = STRATEGIES[name]
-    return getattr(import_module(module), cls)
+#: ``weight_exchange.exch_strategy``; modules are imported only when chosen. Ask a class its
+#: capabilities (``STRATEGIES.get("copper").requires_power_of_two``): ``requires_power_of_two``,
+#: ``implied_compression``, ``baseline`` and ``wire_roundings(n)``
+STRATEGIES: Registry[type[Exchanger]] = Registry(
+    "exchanger",
+    {
+        "ar": "theanompi.exchange.ar:ArExchanger",
+        "asa32": "theanompi.exchange.asa:Asa32Exchanger",
+        "asa16": "theanompi.exchange.asa:Asa16Exchanger",
+        "copper": "theanompi.exchange.copper:CopperExchanger",
+        "ar_per_array": "theanompi.exchange.ar_per_array:ArPerArrayExchanger",
+    },
+)
 
 
 def create_exchanger(
@@ -97,6 +71,6 @@ def create_exchanger(
     >>> create_exchanger("allreduce")
     Traceback (most recent call last):
     ...
-    theanompi.errors.ConfigError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array'
+    theanompi.errors.ConfigError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array', or give package.module:Class or path/to/file.py:Class
     """
-    return strategy_class(name)(comm=comm, op=op, compression=compression, **kw)
+    return STRATEGIES.get(name)(comm=comm, op=op, compression=compression, **kw)

@@ -9,7 +9,7 @@ import numpy as np
 
 from theanompi.comm import is_power_of_two
 from theanompi.errors import ConfigError
-from theanompi.exchange.compression import Compressor, compressor_class, get_compressor
+from theanompi.exchange.compression import COMPRESSORS, Compressor, get_compressor
 
 __all__ = ["Exchanger", "OPS"]
 
@@ -65,7 +65,7 @@ class Exchanger:
     def __init__(self, comm: Any = None, op: str = "mean", compression: str = "none") -> None:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; choose from {', '.join(map(repr, OPS))}")
-        compressor_class(compression)  # a one-line ConfigError for an unknown name
+        COMPRESSORS.get(compression)  # a one-line ConfigError for an unknown name
         implied = self.implied_compression
         if implied is not None and compression not in ("none", implied):
             raise ConfigError(

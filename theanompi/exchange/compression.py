@@ -6,14 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from theanompi.errors import ConfigError
+from theanompi.registry import Registry
 
 __all__ = [
     "COMPRESSORS",
     "Compressor",
     "NoCompression",
     "FP16Compression",
-    "compressor_class",
     "get_compressor",
 ]
 
@@ -220,26 +219,10 @@ class FP16Compression(Compressor):
         return rtol, n * _F16_TINY
 
 
-#: ``weight_exchange.compression`` -> compressor class
-COMPRESSORS: dict[str, type[Compressor]] = {"none": NoCompression, "fp16": FP16Compression}
-
-
-def compressor_class(name: str) -> type[Compressor]:
-    """The compressor class called ``name``; a one-line ConfigError naming the choices if none.
-
-    Examples
-    --------
-    >>> compressor_class("fp16").wire_dtype
-    dtype('uint16')
-    >>> compressor_class("int8")
-    Traceback (most recent call last):
-    ...
-    theanompi.errors.ConfigError: unknown compression 'int8'; choose from 'none', 'fp16'
-    """
-    if name not in COMPRESSORS:
-        choices = ", ".join(map(repr, COMPRESSORS))
-        raise ConfigError(f"unknown compression {name!r}; choose from {choices}")
-    return COMPRESSORS[name]
+#: ``weight_exchange.compression``: what travels on the wire
+COMPRESSORS: Registry[type[Compressor]] = Registry(
+    "compression", {"none": NoCompression, "fp16": FP16Compression}
+)
 
 
 def get_compressor(name: str, size: int = 1, op: str = "mean") -> Compressor:
@@ -250,4 +233,4 @@ def get_compressor(name: str, size: int = 1, op: str = "mean") -> Compressor:
     >>> get_compressor("fp16", size=4)
     FP16Compression(size=4, op='mean')
     """
-    return compressor_class(name)(size, op)
+    return COMPRESSORS.get(name)(size, op)

@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from theanompi.errors import ConfigError
+from theanompi.registry import Registry
 
 if TYPE_CHECKING:
     from theanompi.models.base import Model
 
 __all__ = ["create_model", "MODELS", "Model"]
 
-#: ``name:`` in configs/<model>.yaml -> (module, class); imported on first use
-MODELS: dict[str, tuple[str, str]] = {
-    "alexnet": ("theanompi.models.alexnet", "AlexNet"),
-    "googlenet": ("theanompi.models.googlenet", "GoogLeNet"),
-    "resnet50": ("theanompi.models.resnet", "ResNet50"),
-    "vgg16": ("theanompi.models.vgg", "VGG16"),
-    "mlp": ("theanompi.models.mlp", "MLP"),
-    "small_cnn": ("theanompi.models.small_cnn", "SmallCNN"),
-}
-
-
-def model_class(name: str) -> type[Model]:
-    """The class registered under ``name``; ``ConfigError`` naming the choices otherwise."""
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; choose from {', '.join(sorted(MODELS))}")
-    module, cls = MODELS[name]
-    return getattr(importlib.import_module(module), cls)
+#: ``name:`` in configs/<model>.yaml; imported on first use
+MODELS: Registry[type[Model]] = Registry(
+    "model",
+    {
+        "alexnet": "theanompi.models.alexnet:AlexNet",
+        "googlenet": "theanompi.models.googlenet:GoogLeNet",
+        "resnet50": "theanompi.models.resnet:ResNet50",
+        "vgg16": "theanompi.models.vgg:VGG16",
+        "mlp": "theanompi.models.mlp:MLP",
+        "small_cnn": "theanompi.models.small_cnn:SmallCNN",
+    },
+)
 
 
 def create_model(section: Mapping[str, Any]) -> Model:
@@ -42,7 +37,7 @@ def create_model(section: Mapping[str, Any]) -> Model:
     name = section.get("name") if isinstance(section, Mapping) else None
     if not name:
         raise ConfigError("model config has no 'name'; set name: small_cnn (or alexnet, ...)")
-    return model_class(name)(section)
+    return MODELS.get(name)(section)
 
 
 def __getattr__(name: str) -> Any:

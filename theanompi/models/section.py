@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from theanompi.registry import Registry
 from theanompi.schema import (
     AT_LEAST_1,
     EPOCHS,
@@ -22,17 +23,17 @@ __all__ = ["ModelSection", "LR_POLICIES"]
 LR_POLICIES = ("step", "fixed")
 
 
-def _model_names() -> tuple[str, ...]:
+def _models() -> Registry[Any]:
     from theanompi.models import MODELS
 
-    return tuple(MODELS)
+    return MODELS
 
 
 @dataclass(frozen=True)
 class ModelSection(Section):
     """A model config (configs/<model>.yaml), given to ``create_model`` as a mapping."""
 
-    name: str = key("", choices=_model_names)  # required: theanompi.models.MODELS
+    name: str = key("", choices=_models)  # required: theanompi.models.MODELS
     input_size: int = key(28, check=POSITIVE)  # crop side fed to the network
     channels: int = key(3, check=POSITIVE)
     n_classes: int = key(10, check=AT_LEAST_1)

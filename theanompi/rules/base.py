@@ -57,6 +57,13 @@ class SyncRule:
     #: the whole job's communicator, set by :meth:`worker_comm`
     world: Any = None
 
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, weight_exchange: Any, seed: int) -> SyncRule:
+        """The rule built from its ``weight_exchange`` section (and the run's seed): each rule
+        takes the keys it uses, so naming a rule is the one lookup in ``RULES``."""
+        return cls()
+
     # -- description -------------------------------------------------------------------
     @classmethod
     def n_workers(cls, size: int) -> int:

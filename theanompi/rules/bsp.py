@@ -45,6 +45,11 @@ class BSP(SyncRule):
         self.cdd = sync_type == "cdd"
         self.exchanger: Any = None
 
+    @classmethod
+    def from_config(cls, weight_exchange: Any, seed: int) -> BSP:
+        we = weight_exchange
+        return cls(strategy=we.exch_strategy, sync_type=we.sync_type, compression=we.compression)
+
     @property
     def local_opt_state(self) -> bool:
         # avg: each rank's momentum follows its own gradients; cdd: one update everywhere

@@ -304,6 +304,11 @@ class EASGD(SyncRule):
         self.buf: Any = None
 
     @classmethod
+    def from_config(cls, weight_exchange: Any, seed: int) -> EASGD:
+        we = weight_exchange
+        return cls(alpha=we.alpha, avg_freq=we.avg_freq, sync_start=we.sync_start)
+
+    @classmethod
     def n_workers(cls, size: int) -> int:
         return size - 1
 

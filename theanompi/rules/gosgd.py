@@ -176,6 +176,10 @@ class GOSGD(SyncRule):
         self.gossip: Gossip | None = None
         self.buf: Any = None
 
+    @classmethod
+    def from_config(cls, weight_exchange: Any, seed: int) -> GOSGD:
+        return cls(p=weight_exchange.gossip_p, seed=seed)
+
     def describe(self) -> str:
         return f"gossip p {self.p}"
 

@@ -14,18 +14,11 @@ __all__ = ["run", "create_rule", "build_model"]
 
 
 def create_rule(cfg: Any) -> Any:
-    """The sync rule named by ``weight_exchange.sync_rule``, with its values from the config."""
-    from theanompi.rules import rule_class
+    """The sync rule named by ``weight_exchange.sync_rule``, built from its config section."""
+    from theanompi.rules import RULES
 
     we = cfg.weight_exchange
-    cls = rule_class(we.sync_rule)
-    if we.sync_rule == "BSP":
-        return cls(strategy=we.exch_strategy, sync_type=we.sync_type, compression=we.compression)
-    if we.sync_rule == "EASGD":
-        return cls(alpha=we.alpha, avg_freq=we.avg_freq, sync_start=we.sync_start)
-    if we.sync_rule == "GOSGD":
-        return cls(p=we.gossip_p, seed=cfg.randomness.seed)
-    raise ConfigError(f"no constructor arguments known for sync rule {we.sync_rule!r}")
+    return RULES.get(we.sync_rule).from_config(we, seed=cfg.randomness.seed)
 
 
 def build_model(

@@ -6,9 +6,11 @@ a numpy ``perform`` used by PyTensor's Python linker. :func:`compile_mode` picks
 for a backend name in :data:`BACKENDS` (``jax`` loads ``jax_ops``' registrations lazily).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from theanompi.pytensor_env import configure
+from theanompi.registry import Registry
 
 configure()  # before PyTensor's first import: float32, the per-rank cache and the BLAS flags
 
@@ -44,24 +46,16 @@ __all__ = [
     "pool_output_size",
 ]
 
-#: compiler backends: name -> what it runs on (``training.backend``, ``--backend``)
-BACKENDS = {
-    "c": "PyTensor's C linker (FAST_RUN): our C++ kernels with BLAS, CPU",
-    "jax": "PyTensor's JAX linker (jax.jit through XLA): CPU, or GPU with a CUDA jaxlib",
-}
-
-
 def compile_mode(backend: str) -> Any:
-    """The ``pytensor.function`` mode of ``backend`` (``None``: the configured default, C).
+    """The ``pytensor.function`` mode of ``backend``, a name in :data:`BACKENDS` (``None``:
+    the configured default, C). ``ConfigError`` for an unknown name, or for ``jax`` without JAX."""
+    return BACKENDS.get(backend)()
 
-    Raises ``ConfigError`` for an unknown name, or for ``jax`` when JAX is not installed.
-    """
+
+def _jax_mode() -> Any:
+    """PyTensor's JAX linker (jax.jit through XLA): CPU, or GPU with a CUDA jaxlib."""
     from theanompi.errors import ConfigError
 
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    if backend == "c":
-        return _c_mode()
     try:
         import theanompi.models.ops.jax_ops  # noqa: F401  (registers our Ops with JAX)
     except ImportError as err:
@@ -80,7 +74,7 @@ def compile_mode(backend: str) -> Any:
 
 
 def _c_mode() -> Any:
-    """The configured mode with its ``cvm`` linker replaced by one that compiles a cold graph's
+    """PyTensor's C linker (FAST_RUN), our C++ kernels with BLAS, on CPU: the configured mode with its ``cvm`` linker replaced by one that compiles a cold graph's
     C modules in parallel (:mod:`theanompi.models.ops._parallel`); ``None`` (the configured
     default) when the user chose another linker."""
     import pytensor
@@ -92,3 +86,7 @@ def _c_mode() -> Any:
         return None
     default = get_default_mode()
     return Mode(linker=ParallelCVMLinker(), optimizer=default.provided_optimizer)
+
+
+#: compiler backends (``training.backend``, ``--backend``): name -> its mode's factory
+BACKENDS: Registry[Callable[[], Any]] = Registry("backend", {"c": _c_mode, "jax": _jax_mode})

@@ -1,0 +1,5 @@
+"""``python -m theanompi.cli``: the ``tmpi`` command."""
+
+from theanompi.cli import main
+
+main()
