@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 # 1. our Ops and the small CNN under JAX on the GPU vs the C Ops on the CPU (float32, 1e-5 / 1e-4)
 JAX_PLATFORMS=cuda $PY -m pytest -q -p no:cacheprovider -m "not mpi" \
-    tests/models/test_jax_ops.py tests/test_jax_backend.py
+    tests/models/test_jax_ops.py tests/train/test_jax_backend.py
 
 # 2. AlexNet b=128: JAX backend (GPU) vs the same net in PyTorch CUDA, median of STEPS steps each
 JAX_PLATFORMS=cuda $PY - "$STEPS" <<'EOF'

@@ -320,8 +320,8 @@ def _print_scale(res: dict) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Build the images, time naive / ours x1 / ours x2, print a table of medians; returns 0."""
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of ``tmpi bench prep`` (and of its hidden worker modes)."""
     p = argparse.ArgumentParser(prog="tmpi bench prep", description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=640, help="number of JPEGs (default 640)")
     p.add_argument("--width", type=int, default=500)
@@ -340,7 +340,99 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, default=1000, help="class folders of --scan-tree")
     p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--scan-worker", nargs=2, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _prepare(src: Path, out: Path, images: int, width: int, height: int) -> float:
+    """Make the JPEGs (unless already there), scan and shuffle them; returns scan's img/s."""
+    from prep import scan, shuffle
+
+    if not (src / "val_ground_truth.txt").exists():
+        make_images(src, images, width, height)
+    _warm_imports()
+    t0 = time.perf_counter()
+    tree = scan.run(src, out)
+    scan_rate = (len(tree["train"]) + len(tree["val"])) / (time.perf_counter() - t0)
+    shuffle.run(out, seed=0)
+    return scan_rate
+
+
+def _contenders(ranks: list[int]) -> list[str]:
+    """Keys of what is timed, in timing and table order: naive, bound, ours per rank count."""
+    keys = ["naive", "bound", *(f"ours{r}" for r in ranks)]
+    if 1 in ranks and (os.cpu_count() or 1) >= 2:
+        keys.append("ours1t2")  # one rank, its second thread on the spare core
+    return list(dict.fromkeys(keys))
+
+
+def _time_one(key: str, out: Path, batch_size: int, size: int) -> tuple[int, float, float]:
+    """One run of the contender ``key``: (images, seconds, cpu seconds)."""
+    if key == "naive":
+        return naive_batches(out, batch_size, size)
+    if key == "bound":
+        return decode_only(out)
+    if key == "ours1t2":
+        return _ours(out, 1, batch_size, size, threads=2)
+    return _ours(out, int(key[4:]), batch_size, size)
+
+
+def _time_all(
+    keys: list[str], out: Path, batch_size: int, size: int, repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Img/s and img/cpu-s of every contender, all of them in turn at each repeat."""
+    rates: dict[str, list[float]] = {k: [] for k in keys}
+    cpu_rates: dict[str, list[float]] = {k: [] for k in keys}
+    for _ in range(repeats):
+        for key in rates:
+            n, sec, cpu = _time_one(key, out, batch_size, size)
+            rates[key].append(n / sec)
+            cpu_rates[key].append(n / cpu)
+    return rates, cpu_rates
+
+
+def _print_table(med: dict[str, float], cmed: dict[str, float], ranks: list[int]) -> None:
+    """The table of medians: img/s, per rank, against naive, 1 rank and the bound, per CPU s."""
+    print(
+        f"{'method':<26}{'ranks':>6}{'img/s':>8}{'x naive':>9}{'per rank':>10}"
+        f"{'x 1 rank':>10}{'x bound':>9}{'img/cpu-s':>11}{'x naive':>9}"
+    )
+    base1 = med.get(f"ours{ranks[0]}")
+    names = {
+        "naive": "naive PIL (full)",
+        "bound": "decode only (simplejpeg)",
+        "ours1t2": "ours, 2 threads (2 cores)",
+    }
+    for key in med:
+        r = int(key[4:]) if key.startswith("ours") and key[4:].isdigit() else 1
+        v = med[key]
+        own = key not in names
+        scale = f"{v / base1:.2f}" if own and r != ranks[0] and base1 else ""
+        print(
+            f"{names.get(key, 'ours (prep batch)'):<26}{r:>6}{v:>8.0f}{v / med['naive']:>9.2f}"
+            f"{v / r / med['naive']:>10.2f}{scale:>10}{v / r / med['bound']:>9.2f}"
+            f"{cmed[key]:>11.0f}{cmed[key] / cmed['naive']:>9.2f}"
+        )
+
+
+def _print_ratios(med: dict[str, float]) -> None:
+    """The goal ratios of one rank (needs ``ours1``): vs naive, 1 -> 2 ranks, vs the bound."""
+    one = med["ours1"]
+    two = f"{med['ours2'] / one:.2f}x (goal >= 1.85)" if "ours2" in med else "not run"
+    print(
+        f"ratios: ours per rank / naive {one / med['naive']:.2f}x (goal >= 2.2); "
+        f"1 -> 2 ranks {two}; ours per rank / decode-only bound "
+        f"{one / med['bound']:.2f}x (goal >= 0.6)"
+        + (
+            f"; with a second thread on a spare core {med['ours1t2'] / med['bound']:.2f}x"
+            if "ours1t2" in med
+            else ""
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the images, time naive / ours x1 / ours x2, print a table of medians; returns 0."""
+    args = _parse(argv)
     if args.worker:
         return _worker(*args.worker)
     if args.scan_worker:
@@ -349,8 +441,6 @@ def main(argv: list[str] | None = None) -> int:
         for r in (int(x) for x in args.ranks.split(",")):
             _print_scale(scan_scale(args.scan_tree, args.classes, r, args.work))
         return 0
-    from prep import scan, shuffle
-
     ranks = [int(r) for r in args.ranks.split(",")]
     tmp = None
     if args.work is None:
@@ -360,30 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work
     try:
         src, out = work / "src", work / "out"
-        if not (src / "val_ground_truth.txt").exists():
-            make_images(src, args.images, args.width, args.height)
-        _warm_imports()
-        t0 = time.perf_counter()
-        tree = scan.run(src, out)
-        scan_rate = (len(tree["train"]) + len(tree["val"])) / (time.perf_counter() - t0)
-        shuffle.run(out, seed=0)
-        rates: dict[str, list[float]] = {"naive": [], "bound": []}
-        rates |= {f"ours{r}": [] for r in ranks}
-        if 1 in ranks and (os.cpu_count() or 1) >= 2:
-            rates["ours1t2"] = []  # one rank, its second thread on the spare core
-        cpu_rates: dict[str, list[float]] = {k: [] for k in rates}
-        for _ in range(args.repeats):
-            for key in rates:
-                if key == "naive":
-                    n, sec, cpu = naive_batches(out, args.batch_size, args.size)
-                elif key == "bound":
-                    n, sec, cpu = decode_only(out)
-                elif key == "ours1t2":
-                    n, sec, cpu = _ours(out, 1, args.batch_size, args.size, threads=2)
-                else:
-                    n, sec, cpu = _ours(out, int(key[4:]), args.batch_size, args.size)
-                rates[key].append(n / sec)
-                cpu_rates[key].append(n / cpu)
+        scan_rate = _prepare(src, out, args.images, args.width, args.height)
+        keys = _contenders(ranks)
+        rates, cpu_rates = _time_all(keys, out, args.batch_size, args.size, args.repeats)
         med = {k: statistics.median(v) for k, v in rates.items()}
         cmed = {k: statistics.median(v) for k, v in cpu_rates.items()}
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -392,39 +461,9 @@ def main(argv: list[str] | None = None) -> int:
             f"B={args.batch_size}, c01b hickle, median of {args.repeats} "
             f"(cpus: {os.cpu_count()}, load average {load:.1f})"
         )
-        print(
-            f"{'method':<26}{'ranks':>6}{'img/s':>8}{'x naive':>9}{'per rank':>10}"
-            f"{'x 1 rank':>10}{'x bound':>9}{'img/cpu-s':>11}{'x naive':>9}"
-        )
-        base1 = med.get(f"ours{ranks[0]}")
-        names = {
-            "naive": "naive PIL (full)",
-            "bound": "decode only (simplejpeg)",
-            "ours1t2": "ours, 2 threads (2 cores)",
-        }
-        for key in rates:
-            r = int(key[4:]) if key.startswith("ours") and key[4:].isdigit() else 1
-            v = med[key]
-            own = key not in names
-            scale = f"{v / base1:.2f}" if own and r != ranks[0] and base1 else ""
-            print(
-                f"{names.get(key, 'ours (prep batch)'):<26}{r:>6}{v:>8.0f}{v / med['naive']:>9.2f}"
-                f"{v / r / med['naive']:>10.2f}{scale:>10}{v / r / med['bound']:>9.2f}"
-                f"{cmed[key]:>11.0f}{cmed[key] / cmed['naive']:>9.2f}"
-            )
+        _print_table(med, cmed, ranks)
         if 1 in ranks:
-            one = med["ours1"]
-            two = f"{med['ours2'] / one:.2f}x (goal >= 1.85)" if "ours2" in med else "not run"
-            print(
-                f"ratios: ours per rank / naive {one / med['naive']:.2f}x (goal >= 2.2); "
-                f"1 -> 2 ranks {two}; ours per rank / decode-only bound "
-                f"{one / med['bound']:.2f}x (goal >= 0.6)"
-                + (
-                    f"; with a second thread on a spare core {med['ours1t2'] / med['bound']:.2f}x"
-                    if "ours1t2" in med
-                    else ""
-                )
-            )
+            _print_ratios(med)
         print(f"not in the table: scan's decode check, 1 process, {scan_rate:.0f} img/s")
         print(
             "runs (img/s): "

@@ -328,115 +328,158 @@ def _compile_times(name: str) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the benchmark table (medians of every timed step); return 0."""
-    args = _parse(argv)
-    threads = args.threads or os.cpu_count() or 1
-    if args._compile_only:
-        return _compile_only(args._compile_only)
-    if args._torch_child:
-        return _torch_child(args._torch_child, threads)
-    from theanompi.pytensor_env import configure
-
-    configure(blas_threads=threads)
+def _parse_cases(specs: list[str] | None) -> list[tuple[str, int]] | None:
+    """The ``--case`` MODEL:BATCH specs as (model, batch); None (after a message) if one is bad."""
     cases = []
-    for spec in args.case or ["alexnet:32", "alexnet:128", "small_cnn:32"]:
+    for spec in specs or ["alexnet:32", "alexnet:128", "small_cnn:32"]:
         name, _, b = spec.partition(":")
         if name not in CASES or not b.isdigit():
             print(
                 f"tmpi bench model: bad --case {spec!r}; use MODEL:BATCH with MODEL in {', '.join(CASES)}"
             )
-            return 2
+            return None
         cases.append((name, int(b)))
+    return cases
 
-    gflops = _gemm_gflops(threads)
-    print(f"BLAS: 2048^2 float32 Dot22 = {gflops:.1f} GFLOP/s on {threads} thread(s)")
-    rows = []
-    for name, batch in cases:
-        gc.collect()  # the previous case's model, before the peak restarts from here
-        per_case = reset_peak_rss()  # else the peak counts from the process start
-        start = rss_bytes()
-        r = _build_ours(CASES[name], batch)
-        rj = _build_ours(CASES[name], batch, "jax") if args.backend == "jax" else None
-        peer = None
-        if not args.no_torch:
-            try:
-                peer = _TorchPeer(name, batch, threads)
-            except ImportError as err:
-                print(f"{err}: skipping the PyTorch column")
-                args.no_torch = True
-        ours_t: list[float] = []
-        torch_t: list[float] = []
-        jax_t: list[float] = []
-        for _ in range(args.rounds):
-            ours_t += _timed(r["step"], args.steps)
-            if rj is not None:
-                jax_t += _timed(rj["step"], args.steps)
-            if peer is not None:
-                torch_t += peer.timed(args.steps)
+
+def _start_peer(name: str, batch: int, threads: int) -> _TorchPeer | None:
+    """The case's torch peer, or None (after a message) when torch cannot start."""
+    try:
+        return _TorchPeer(name, batch, threads)
+    except ImportError as err:
+        print(f"{err}: skipping the PyTorch column")
+        return None
+
+
+def _alternate(
+    ours: dict[str, Any],
+    jax: dict[str, Any] | None,
+    peer: _TorchPeer | None,
+    rounds: int,
+    steps: int,
+) -> tuple[list[float], list[float], list[float]]:
+    """Step seconds of ours, JAX and torch, timed in alternating blocks: (ours, torch, jax)."""
+    ours_t: list[float] = []
+    torch_t: list[float] = []
+    jax_t: list[float] = []
+    for _ in range(rounds):
+        ours_t += _timed(ours["step"], steps)
+        if jax is not None:
+            jax_t += _timed(jax["step"], steps)
         if peer is not None:
-            peer.close()
-        peak = peak_rss_bytes()
-        pbytes = param_bytes(r["model"].params)
-        ours_ips = batch / statistics.median(ours_t)
-        torch_ips = batch / statistics.median(torch_t) if torch_t else float("nan")
-        floor_ips = gflops * 1e9 / r["train_flops"]
-        row = {
-            "model": name,
-            "batch": batch,
-            "ours_img_s": ours_ips,
-            "torch_img_s": torch_ips,
-            "ratio": ours_ips / torch_ips if torch_ips == torch_ips else float("nan"),
-            "gemm_floor_img_s": floor_ips,
-            "train_gflop_per_img": r["train_flops"] / 1e9,
-            "compile_s_in_process": r["compile_s"],
-            "param_mb": pbytes / MB,
-            "peak_rss_mb": peak / MB,
-            "peak_rss_x_params": peak / pbytes if pbytes else float("nan"),
-            "peak_rss_scope": "case" if per_case else "process",
-            "rss_start_mb": start / MB,
-        }
-        if rj is not None:
-            row["jax_img_s"] = batch / statistics.median(jax_t)
-            row["jax_compile_s"] = rj["compile_s"]  # + the jit on the first (untimed) step
-        rows.append(row)
-        del r, rj
+            torch_t += peer.timed(steps)
+    return ours_t, torch_t, jax_t
+
+
+def _case_row(
+    name: str,
+    batch: int,
+    ours: dict[str, Any],
+    ours_t: list[float],
+    torch_t: list[float],
+    gflops: float,
+    peak: int,
+    per_case: bool,
+    start: int,
+) -> dict[str, Any]:
+    """One case's results: speeds, their ratios, the GEMM floor and the memory figures."""
+    pbytes = param_bytes(ours["model"].params)
+    ours_ips = batch / statistics.median(ours_t)
+    torch_ips = batch / statistics.median(torch_t) if torch_t else float("nan")
+    return {
+        "model": name,
+        "batch": batch,
+        "ours_img_s": ours_ips,
+        "torch_img_s": torch_ips,
+        "ratio": ours_ips / torch_ips if torch_ips == torch_ips else float("nan"),
+        "gemm_floor_img_s": gflops * 1e9 / ours["train_flops"],
+        "train_gflop_per_img": ours["train_flops"] / 1e9,
+        "compile_s_in_process": ours["compile_s"],
+        "param_mb": pbytes / MB,
+        "peak_rss_mb": peak / MB,
+        "peak_rss_x_params": peak / pbytes if pbytes else float("nan"),
+        "peak_rss_scope": "case" if per_case else "process",
+        "rss_start_mb": start / MB,
+    }
+
+
+def _bench_case(
+    name: str,
+    batch: int,
+    threads: int,
+    gflops: float,
+    backend: str,
+    use_torch: bool,
+    rounds: int,
+    steps: int,
+) -> tuple[dict[str, Any], bool]:
+    """Time and measure one case; returns its row and whether torch can still be used."""
+    gc.collect()  # the previous case's model, before the peak restarts from here
+    per_case = reset_peak_rss()  # else the peak counts from the process start
+    start = rss_bytes()
+    r = _build_ours(CASES[name], batch)
+    rj = _build_ours(CASES[name], batch, "jax") if backend == "jax" else None
+    peer = None
+    if use_torch:
+        peer = _start_peer(name, batch, threads)
+        use_torch = peer is not None
+    ours_t, torch_t, jax_t = _alternate(r, rj, peer, rounds, steps)
+    if peer is not None:
+        peer.close()
+    peak = peak_rss_bytes()
+    row = _case_row(name, batch, r, ours_t, torch_t, gflops, peak, per_case, start)
+    if rj is not None:
+        row["jax_img_s"] = batch / statistics.median(jax_t)
+        row["jax_compile_s"] = rj["compile_s"]  # + the jit on the first (untimed) step
+    return row, use_torch
+
+
+def _print_case(row: dict[str, Any]) -> None:
+    """Print a case's lines as soon as it is timed: speeds, memory and (with JAX) the fastest."""
+    name, batch = row["model"], row["batch"]
+    ours_ips, torch_ips = row["ours_img_s"], row["torch_img_s"]
+    print(
+        f"{name:>10} b={batch:<4} ours {ours_ips:8.1f} img/s | torch {torch_ips:8.1f} img/s | "
+        f"ours/torch {row['ratio']:.2f} | GEMM floor {row['gemm_floor_img_s']:8.1f} img/s "
+        f"({row['train_gflop_per_img']:.2f} GFLOP/img)",
+        flush=True,
+    )
+    print(
+        f"{'':>10} b={batch:<4} peak RSS {row['peak_rss_mb']:8.0f} MB = "
+        f"{row['peak_rss_x_params']:.1f} x params ({row['param_mb']:.0f} MB); "
+        + (
+            f"{row['rss_start_mb']:.0f} MB at the case's start"
+            if row["peak_rss_scope"] == "case"
+            else "since the process start"
+        ),
+        flush=True,
+    )
+    if "jax_img_s" in row:
+        speeds = {"C": ours_ips, "JAX": row["jax_img_s"], "PyTorch": torch_ips}
+        best = max((v, k) for k, v in speeds.items() if v == v)[1]
         print(
-            f"{name:>10} b={batch:<4} ours {ours_ips:8.1f} img/s | torch {torch_ips:8.1f} img/s | "
-            f"ours/torch {row['ratio']:.2f} | GEMM floor {floor_ips:8.1f} img/s "
-            f"({row['train_gflop_per_img']:.2f} GFLOP/img)",
+            f"{'':>10} b={batch:<4} jax  {row['jax_img_s']:8.1f} img/s | jax/C "
+            f"{row['jax_img_s'] / ours_ips:.2f} | fastest: {best}",
             flush=True,
         )
-        print(
-            f"{'':>10} b={batch:<4} peak RSS {row['peak_rss_mb']:8.0f} MB = "
-            f"{row['peak_rss_x_params']:.1f} x params ({row['param_mb']:.0f} MB); "
-            + (
-                f"{start / MB:.0f} MB at the case's start"
-                if per_case
-                else "since the process start"
-            ),
-            flush=True,
-        )
-        if "jax_img_s" in row:
-            speeds = {"C": ours_ips, "JAX": row["jax_img_s"], "PyTorch": torch_ips}
-            best = max((v, k) for k, v in speeds.items() if v == v)[1]
-            print(
-                f"{'':>10} b={batch:<4} jax  {row['jax_img_s']:8.1f} img/s | jax/C "
-                f"{row['jax_img_s'] / ours_ips:.2f} | fastest: {best}",
-                flush=True,
-            )
+
+
+def _compile_report(names: list[str]) -> dict[str, dict[str, float]]:
+    """Cold and warm compile times of each model (once per model), printed as they come."""
     compile_rows = {}
-    if not args.no_compile:
-        for name in dict.fromkeys(n for n, _ in cases):
-            compile_rows[name] = _compile_times(name)
-            c = compile_rows[name]
-            print(
-                f"{name:>10} compile+build: cold cache {c['cold']:.1f} s "
-                f"({c['cold_cpu']:.1f} s CPU, {c['modules']:.0f} C modules), "
-                f"warm cache {c['warm']:.1f} s ({c['warm_cpu']:.1f} s CPU)"
-            )
-    print()
-    jx = args.backend == "jax"
+    for name in names:
+        compile_rows[name] = _compile_times(name)
+        c = compile_rows[name]
+        print(
+            f"{name:>10} compile+build: cold cache {c['cold']:.1f} s "
+            f"({c['cold_cpu']:.1f} s CPU, {c['modules']:.0f} C modules), "
+            f"warm cache {c['warm']:.1f} s ({c['warm_cpu']:.1f} s CPU)"
+        )
+    return compile_rows
+
+
+def _print_table(rows: list[dict[str, Any]], jx: bool) -> None:
+    """The closing markdown table of every case (a JAX column with ``--backend jax``)."""
     print(
         "| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |"
         " peak RSS MB (x params) |" + (" JAX img/s |" if jx else "")
@@ -449,6 +492,38 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['peak_rss_mb']:.0f} ({r['peak_rss_x_params']:.1f}x) |"
             + (f" {r['jax_img_s']:.1f} |" if jx else "")
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the benchmark table (medians of every timed step); return 0."""
+    args = _parse(argv)
+    threads = args.threads or os.cpu_count() or 1
+    if args._compile_only:
+        return _compile_only(args._compile_only)
+    if args._torch_child:
+        return _torch_child(args._torch_child, threads)
+    from theanompi.pytensor_env import configure
+
+    configure(blas_threads=threads)
+    cases = _parse_cases(args.case)
+    if cases is None:
+        return 2
+
+    gflops = _gemm_gflops(threads)
+    print(f"BLAS: 2048^2 float32 Dot22 = {gflops:.1f} GFLOP/s on {threads} thread(s)")
+    rows = []
+    use_torch = not args.no_torch
+    for name, batch in cases:
+        row, use_torch = _bench_case(
+            name, batch, threads, gflops, args.backend, use_torch, args.rounds, args.steps
+        )
+        rows.append(row)
+        _print_case(row)
+    compile_rows = {}
+    if not args.no_compile:
+        compile_rows = _compile_report(list(dict.fromkeys(n for n, _ in cases)))
+    print()
+    _print_table(rows, args.backend == "jax")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from theanompi.errors import DataError, UserError
-from theanompi.io.record import read_record, record_file
 
-__all__ = ["plot_run", "curves"]
+__all__ = ["app", "plot", "plot_run", "curves"]
+
+app = typer.Typer()
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder (holds record/).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="PNG path [default: <run_dir>/record/curves.png].")
+    ] = None,
+) -> None:
+    """Plot train/val loss and error curves of a run's record as a PNG."""
+    path = plot_run(run_dir, out)
+    typer.echo(f"wrote {path}")
 
 
 _TIMES = ("compute", "exchange", "wait", "wall")  # record fields t_<name>, s per step
@@ -83,6 +98,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     the ``.jsonl`` file itself. ``out`` defaults to ``curves.png`` beside the record.
     Raises ``DataError`` when there is no record or nothing to plot.
     """
+    from theanompi.io.record import read_record, record_file
+
     f = record_file(run_dir)
     rows = read_record(f)
     if not rows:
@@ -105,13 +122,18 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax_l, ax_e = fig.add_subplot(grid[0, :3]), fig.add_subplot(grid[0, 3:])
     ax_i, ax_t, ax_r = (fig.add_subplot(grid[1, 2 * k : 2 * k + 2]) for k in range(3))
     panels = (
-        (ax_l, ("train_loss", "epoch_train_loss", "val_loss"), "loss (cross-entropy)"),
-        (ax_e, ("train_error", "epoch_train_error", "val_top1_err", "val_top5_err"), "error"),
-        (ax_i, ("images_per_s", "epoch_images_per_s"), "images/s (whole job)"),
-        (ax_t, (), "ms per step"),
-        (ax_r, ("lr", "epoch_lr"), "learning rate"),
+        (ax_l, ("train_loss", "epoch_train_loss", "val_loss"), "loss (cross-entropy)", "loss"),
+        (
+            ax_e,
+            ("train_error", "epoch_train_error", "val_top1_err", "val_top5_err"),
+            "error",
+            "error",
+        ),
+        (ax_i, ("images_per_s", "epoch_images_per_s"), "images/s (whole job)", "images_per_s"),
+        (ax_t, (), "ms per step", "t_compute / t_exchange / t_wait"),
+        (ax_r, ("lr", "epoch_lr"), "learning rate", "lr"),
     )
-    for ax, names, _ in panels:
+    for ax, names, _, _ in panels:
         for name in names:
             if name in series:
                 label, kw = _STYLE[name]
@@ -125,36 +147,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     lrs = [y for n in ("lr", "epoch_lr") for y in series.get(n, ((), ()))[1]]
     if lrs and min(lrs) > 0 and max(lrs) > 10 * min(lrs):
         ax_r.set_yscale("log")
-    for ax, _, ylabel in panels:
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.lines or ax.collections:
-            ax.legend(fontsize=8)
-        else:
-            missing = {
-                ax_l: "loss",
-                ax_e: "error",
-                ax_i: "images_per_s",
-                ax_t: "t_compute / t_exchange / t_wait",
-                ax_r: "lr",
-            }
-            ax.text(
-                0.5,
-                0.5,
-                f"no {missing[ax]} in this record",
-                ha="center",
-                va="center",
-                color="0.4",
-                transform=ax.transAxes,
-            )
-            ax.set_xticks([])
-            ax.set_yticks([])
-    title = Path(run_dir).name or str(run_dir)
-    last = next((r for r in reversed(rows) if r.get("kind") == "epoch"), None)
-    if last and last.get("val_top1_err") is not None:
-        title += f" - val top-1 accuracy {100 * (1 - last['val_top1_err']):.1f}% after {last['epoch'] + 1} epoch(s)"
-    fig.suptitle(title)
+    for ax, _, ylabel, needs in panels:
+        _label(ax, ylabel, needs)
+    fig.suptitle(_title(run_dir, rows))
     fig.tight_layout()
     from theanompi.io.atomic import atomic_write
 
@@ -162,6 +157,36 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return out_path
+
+
+def _label(ax: Any, ylabel: str, needs: str) -> None:
+    """Axis labels and grid; a legend, or for an empty panel the record fields it lacks."""
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.lines or ax.collections:
+        ax.legend(fontsize=8)
+        return
+    ax.text(
+        0.5,
+        0.5,
+        f"no {needs} in this record",
+        ha="center",
+        va="center",
+        color="0.4",
+        transform=ax.transAxes,
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _title(run_dir: str | Path, rows: list[dict[str, Any]]) -> str:
+    """The run's name, with the last epoch's val top-1 accuracy when the record has one."""
+    title = Path(run_dir).name or str(run_dir)
+    last = next((r for r in reversed(rows) if r.get("kind") == "epoch"), None)
+    if last and last.get("val_top1_err") is not None:
+        title += f" - val top-1 accuracy {100 * (1 - last['val_top1_err']):.1f}% after {last['epoch'] + 1} epoch(s)"
+    return title
 
 
 _STEPS = dict(alpha=0.4, lw=1, color="tab:blue")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import re
 import signal
@@ -183,6 +184,262 @@ def _failure_line(stderr_text: str, mpirun_code: int) -> str:
     return ""
 
 
+def _say(text: str) -> None:
+    """The launcher's own lines, ``tmpi:``-prefixed on stderr, apart from the ranks' output."""
+    print(f"tmpi: {text}", file=sys.stderr, flush=True)
+
+
+def _write(out: Any, data: bytes) -> None:
+    """Pass ``data`` on; a closed stream of ours must not stop the draining of mpirun's."""
+    try:
+        out.write(data)
+        out.flush()
+    except (OSError, ValueError):  # our stream closed: keep draining mpirun's
+        pass
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one supervised mpirun runs and where its output goes (torch elastic's WorkerSpec).
+
+    ``env`` is the full environment (the launcher's pid and host added), ``stdout``/``stderr``
+    the byte streams that mpirun's output is pumped to, ``banners`` whether mpirun's banners are
+    shown where a one-line summary says the same (:data:`BANNERS_ENV`)."""
+
+    cmd: tuple[str, ...]
+    env: Mapping[str, str]
+    stdout: Any
+    stderr: Any
+    grace_s: float = STOP_GRACE_S
+    say: Callable[[str], None] = _say
+    banners: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        grace_s: float = STOP_GRACE_S,
+        echo: Callable[[str], None] | None = None,
+    ) -> LaunchPlan:
+        """The plan for :func:`supervise`'s arguments: the ranks learn the launcher's pid/host."""
+        full_env = dict(env) | {
+            LAUNCHER_PID_ENV: str(os.getpid()),
+            LAUNCHER_HOST_ENV: socket.gethostname(),
+        }
+        return cls(
+            cmd=tuple(cmd),
+            env=full_env,
+            stdout=_binary(sys.stdout),
+            stderr=_binary(sys.stderr),
+            grace_s=grace_s,
+            say=echo or _say,
+            banners=os.environ.get(BANNERS_ENV, "") not in ("", "0"),
+        )
+
+
+class RunPhase(enum.Enum):
+    """Where a supervised mpirun is (torch elastic's WorkerState), for the loop and a reader."""
+
+    STARTING = "starting"  # mpirun spawned, its output not pumped yet
+    RUNNING = "running"  # pumped and watched; no stop asked
+    STOPPING = "stopping"  # STOP_SIGNAL sent: the ranks stop at a step boundary before deadline
+    KILLING = "killing"  # a second signal or the grace period's end: mpirun kills the ranks
+    EXITED = "exited"  # mpirun returned; the pumps drain and the attempt is summed up
+
+
+#: the signals that ask the supervised run to stop (first: at a step boundary; next: at once)
+_WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TAIL_LINES = 60  # mpirun's last lines kept, where its banners are looked for at the end
+
+
+class SupervisedRun:
+    """The running state of one supervised mpirun: its pumps' buffers (the last lines, the held
+    MPI error reports), where each rank runs, the stop requests, and the first host lost.
+
+    Two pump threads (mpirun's stdout and stderr) and the main thread (the loop in
+    :func:`_monitor`, and the signal handler) share it; ``lock`` guards ``tail`` and ``held``."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.t0 = time.monotonic()
+        self.phase = RunPhase.STARTING
+        self.stops = 0  # stop requests so far (SIGINT, SIGTERM, SIGHUP)
+        self.deadline: float | None = None  # when a stop at a step boundary turns into a kill
+        self.lost: str | None = None  # the first host lost; it outranks a rank's signal
+        self.tail: list[str] = []
+        self.placed: dict[int, str] = {}  # rank -> host, as the ranks reported (watch_launcher)
+        self.held: list[tuple[float, Any, bytes]] = []  # the ranks' MPI error reports, for HOLD_S
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            list(plan.cmd),
+            env=dict(plan.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_child_setup,
+        )
+        self.readers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Pump mpirun's stdout and stderr to ours, each on a thread, so neither pipe fills."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.readers = [
+            threading.Thread(
+                target=self.pump, args=(self.proc.stdout, self.plan.stdout), daemon=True
+            ),
+            threading.Thread(
+                target=self.pump, args=(self.proc.stderr, self.plan.stderr), daemon=True
+            ),
+        ]
+        for reader in self.readers:
+            reader.start()
+        self.phase = RunPhase.RUNNING
+
+    # -- the pumps (one thread per stream) -----------------------------------------------------
+    def pump(self, stream: Any, out: Any) -> None:
+        """mpirun's stdout or stderr, line by line, to ours, less what is said in one line."""
+        banner: list[bytes] = []  # mpirun's "-----" framed message, held until it is complete
+        for line in iter(stream.readline, b""):
+            # Open MPI pads the ranks' last output with NULs
+            passed = self._filter(line.replace(b"\0", b""), out, banner)
+            if passed is not None:
+                _write(out, passed)
+        if banner:  # an unterminated banner: show what there is
+            _write(out, b"".join(banner))
+
+    def _filter(self, line: bytes, out: Any, banner: list[bytes]) -> bytes | None:
+        """What of one line to pass on now (None: swallowed, held, or part of a banner)."""
+        if _PLACE_TAG.encode() in line:
+            line = self._take_placement(line)
+        if not line:
+            return None
+        with self.lock:
+            self.tail.append(line.decode(errors="replace"))
+            del self.tail[:-_TAIL_LINES]
+        if self.stops and b"PMIX_ERR_UNREACH" in line:
+            return None  # mpirun's noise about ranks that stopped as asked
+        if line.startswith(b"-----") or banner:
+            banner.append(line)
+            if len(banner) == 1 or not line.startswith(b"-----"):
+                return None
+            text = b"".join(banner)
+            banner.clear()
+            return self._banner(text)
+        if _MPI_ERROR.match(line):
+            with self.lock:
+                self.held.append((time.monotonic(), out, line))
+            return None
+        return line
+
+    def _take_placement(self, line: bytes) -> bytes:
+        """Note where the ranks run (:func:`watch_launcher`'s tags) and strip the tags."""
+        for m in _PLACE.finditer(line):
+            self.placed[int(m.group(1))] = m.group(2).decode(errors="replace")
+        return _PLACE.sub(b"", line)
+
+    def _banner(self, text: bytes) -> bytes | None:
+        """A complete mpirun banner, or None where it is no news or said in one line at exit."""
+        if self.stops and _STOPPED_BANNER.search(text):
+            return None  # the ranks' 130 after the stop we asked for: not news
+        decoded = text.decode(errors="replace")
+        lost = None if self.stops else _lost_host(decoded, self.placed)
+        if lost and self.lost is None:
+            self.lost = lost  # the first host lost; it outranks a rank's signal
+        if not self.plan.banners and (lost or (not self.stops and _SIGNALED.search(decoded))):
+            return None  # said in one line when mpirun exits (failure)
+        return text
+
+    def release(self, older_than: float | None) -> None:
+        """Print the held MPI error reports (those held ``older_than`` s; None: all), or
+        drop them once a lost host explains them (the survivors' "Socket closed")."""
+        with self.lock:
+            if self.lost and not self.plan.banners:
+                self.held.clear()
+            now = time.monotonic()
+            while self.held and (older_than is None or now - self.held[0][0] >= older_than):
+                _, out, data = self.held.pop(0)
+                _write(out, data)
+
+    # -- the main thread: signals and the grace period -----------------------------------------
+    def on_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT, SIGTERM, SIGHUP: the first stops the ranks at a step boundary, the next at once."""
+        self.stops += 1
+        if self.proc.poll() is not None:
+            return
+        if self.stops == 1:
+            self.plan.say(
+                f"{signal.Signals(signum).name}: stopping at the next step boundary "
+                f"(again to stop at once; mpirun is told to kill the ranks after "
+                f"{self.plan.grace_s:g} s)"
+            )
+            self.deadline = time.monotonic() + self.plan.grace_s
+            self.phase = RunPhase.STOPPING
+            _send(self.proc, STOP_SIGNAL)
+        else:
+            self.plan.say("stopping at once")
+            self._kill()
+
+    def tick(self) -> None:
+        """One wait of the loop: show the MPI errors held long enough, end an overdue stop."""
+        self.release(older_than=HOLD_S)
+        deadline = self.deadline
+        if deadline is not None and time.monotonic() > deadline:
+            self.plan.say(
+                f"the ranks did not stop within {self.plan.grace_s:g} s; stopping them at once"
+            )
+            self._kill()
+
+    def _kill(self) -> None:
+        """SIGTERM to mpirun, which kills the ranks (SIGTERM, then SIGKILL 0.25 s later)."""
+        self.deadline = None
+        self.phase = RunPhase.KILLING
+        _send(self.proc, signal.SIGTERM)
+
+    # -- the end ---------------------------------------------------------------------------------
+    def finish(self, rc: int) -> Attempt:
+        """Drain the pumps and sum the attempt up: exit code, stop, one-line failure."""
+        self.phase = RunPhase.EXITED
+        for reader in self.readers:
+            reader.join(timeout=5)
+        self.release(older_than=None)
+        stopped = self.stops > 0
+        if stopped:
+            failure = ""
+        elif self.lost:  # mpirun may even exit 0 after losing a daemon (Open MPI 5.0)
+            failure = _lost_line(self.lost, self.placed)
+        else:
+            failure = _failure_line("".join(self.tail), rc)
+        if stopped:
+            code = EXIT_INTERRUPTED
+        elif failure:
+            code = 1
+        else:
+            code = rc
+        not_started = (
+            not stopped and not self.placed and bool(_NOT_STARTED.search("".join(self.tail)))
+        )
+        return Attempt(code, rc, stopped, failure, time.monotonic() - self.t0, not_started)
+
+
+def _monitor(run: SupervisedRun) -> int:
+    """Wait for mpirun with the stop signals taken over; never return with mpirun still running."""
+    old = {s: signal.signal(s, run.on_signal) for s in _WATCHED}
+    try:
+        while True:
+            try:
+                return run.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                run.tick()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if run.proc.poll() is None:  # an exception in this loop: never leave mpirun behind
+            _send(run.proc, signal.SIGTERM)
+            run.proc.wait()
+
+
 def supervise(
     cmd: Sequence[str],
     env: Mapping[str, str],
@@ -203,144 +460,9 @@ def supervise(
       it ran), and exit 1 (the documented code for a crashed rank). mpirun's banner for it is
       dropped unless ``THEANOMPI_MPI_BANNERS=1``.
     """
-    say = echo or (lambda text: print(f"tmpi: {text}", file=sys.stderr, flush=True))
-    full_env = dict(env) | {
-        LAUNCHER_PID_ENV: str(os.getpid()),
-        LAUNCHER_HOST_ENV: socket.gethostname(),
-    }
-    t0 = time.monotonic()
-    state: dict[str, Any] = {"stops": 0, "deadline": None, "lost": None}
-    tail: list[str] = []
-    placed: dict[int, str] = {}  # rank -> host, as the ranks reported (watch_launcher)
-    banners = os.environ.get(BANNERS_ENV, "") not in ("", "0")
-    held: list[tuple[float, Any, bytes]] = []  # the ranks' MPI error reports, for HOLD_S
-    lock = threading.Lock()
-    proc = subprocess.Popen(
-        list(cmd),
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=_child_setup,
-    )
-
-    def write(out: Any, data: bytes) -> None:
-        try:
-            out.write(data)
-            out.flush()
-        except (OSError, ValueError):  # our stream closed: keep draining mpirun's
-            pass
-
-    def release(older_than: float | None) -> None:
-        """Print the held MPI error reports (those held ``older_than`` s; None: all), or
-        drop them once a lost host explains them (the survivors' "Socket closed")."""
-        with lock:
-            if state["lost"] and not banners:
-                held.clear()
-            now = time.monotonic()
-            while held and (older_than is None or now - held[0][0] >= older_than):
-                _, out, data = held.pop(0)
-                write(out, data)
-
-    def pump(stream: Any, out: Any) -> None:  # mpirun's stdout or stderr, line by line, to ours
-        banner: list[bytes] = []  # mpirun's "-----" framed message, held until it is complete
-        for line in iter(stream.readline, b""):
-            line = line.replace(b"\0", b"")  # Open MPI pads the ranks' last output with NULs
-            if _PLACE_TAG.encode() in line:
-                for m in _PLACE.finditer(line):
-                    placed[int(m.group(1))] = m.group(2).decode(errors="replace")
-                line = _PLACE.sub(b"", line)
-            if not line:
-                continue
-            with lock:
-                tail.append(line.decode(errors="replace"))
-                del tail[:-60]
-            if state["stops"] and b"PMIX_ERR_UNREACH" in line:
-                continue  # mpirun's noise about ranks that stopped as asked
-            if line.startswith(b"-----") or banner:
-                banner.append(line)
-                if len(banner) == 1 or not line.startswith(b"-----"):
-                    continue
-                text, banner[:] = b"".join(banner), []
-                if state["stops"] and _STOPPED_BANNER.search(text):
-                    continue  # the ranks' 130 after the stop we asked for: not news
-                decoded = text.decode(errors="replace")
-                lost = None if state["stops"] else _lost_host(decoded, placed)
-                if lost and state["lost"] is None:
-                    state["lost"] = lost  # the first host lost; it outranks a rank's signal
-                if not banners and (lost or (not state["stops"] and _SIGNALED.search(decoded))):
-                    continue  # said in one line when mpirun exits (failure)
-                line = text
-            elif _MPI_ERROR.match(line):
-                with lock:
-                    held.append((time.monotonic(), out, line))
-                continue
-            write(out, line)
-        if banner:  # an unterminated banner: show what there is
-            write(out, b"".join(banner))
-
-    assert proc.stdout is not None and proc.stderr is not None
-    readers = [
-        threading.Thread(target=pump, args=(proc.stdout, _binary(sys.stdout)), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, _binary(sys.stderr)), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        state["stops"] += 1
-        if proc.poll() is not None:
-            return
-        if state["stops"] == 1:
-            say(
-                f"{signal.Signals(signum).name}: stopping at the next step boundary "
-                f"(again to stop at once; mpirun is told to kill the ranks after {grace_s:g} s)"
-            )
-            state["deadline"] = time.monotonic() + grace_s
-            _send(proc, STOP_SIGNAL)
-        else:
-            say("stopping at once")
-            state["deadline"] = None
-            _send(proc, signal.SIGTERM)
-
-    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, on_signal) for s in watched}
-    try:
-        while True:
-            try:
-                rc = proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                release(older_than=HOLD_S)
-                deadline = state["deadline"]
-                if deadline is not None and time.monotonic() > deadline:
-                    say(f"the ranks did not stop within {grace_s:g} s; stopping them at once")
-                    state["deadline"] = None
-                    _send(proc, signal.SIGTERM)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if proc.poll() is None:  # an exception in this loop: never leave mpirun behind
-            _send(proc, signal.SIGTERM)
-            proc.wait()
-    for reader in readers:
-        reader.join(timeout=5)
-    release(older_than=None)
-    stopped = state["stops"] > 0
-    if stopped:
-        failure = ""
-    elif state["lost"]:  # mpirun may even exit 0 after losing a daemon (Open MPI 5.0)
-        failure = _lost_line(state["lost"], placed)
-    else:
-        failure = _failure_line("".join(tail), rc)
-    if stopped:
-        code = EXIT_INTERRUPTED
-    elif failure:
-        code = 1
-    else:
-        code = rc
-    not_started = not stopped and not placed and bool(_NOT_STARTED.search("".join(tail)))
-    return Attempt(code, rc, stopped, failure, time.monotonic() - t0, not_started)
+    run = SupervisedRun(LaunchPlan.of(cmd, env, grace_s=grace_s, echo=echo))
+    run.start()
+    return run.finish(_monitor(run))
 
 
 def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> Attempt:

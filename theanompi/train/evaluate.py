@@ -155,6 +155,88 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _setup(
+    cfg: Any, checkpoint: str | Path | None, model: Any, turn: Any, rank: int, size: int
+) -> tuple[Path, Any, Any, Any]:
+    """Checkpoint path, val loader, compiled model with the checkpoint loaded, checkpoint."""
+    from theanompi.data import ValLoader
+
+    with turn:  # the node's other ranks wait until its first has compiled
+        ckpt_path = _resolve_checkpoint(cfg, checkpoint)
+        _check_val_folder(cfg)
+        loader = ValLoader(cfg, rank, size)
+        if model is None:
+            from theanompi.models import create_model
+
+            model = create_model(cfg.model)
+        ckpt = load_model_checkpoint(model, ckpt_path, str(cfg.model.name))  # before compile
+        model.build(loader.batch_size, backend=cfg.training.backend)
+    return ckpt_path, loader, model, ckpt
+
+
+def _per_class_rows(cfg: Any, res: dict[str, Any], K: int) -> list[dict[str, Any]]:
+    """Per-class image counts and top-1 accuracy, with the synset names, for the report."""
+    names = _synsets(cfg, K)
+    return [
+        {
+            "index": c,
+            "wnid": names[c][0],
+            "name": names[c][1],
+            "images": int(res["class_images"][c]),
+            "top1_correct": int(res["class_top1"][c]),
+            "top1_accuracy": (
+                float(res["class_top1"][c] / res["class_images"][c])
+                if res["class_images"][c]
+                else None
+            ),
+        }
+        for c in range(K)
+    ]
+
+
+def _write_report(
+    cfg: Any,
+    res: dict[str, Any],
+    ckpt_path: Path,
+    ckpt: Any,
+    loader: Any,
+    size: int,
+    K: int,
+    per_class: bool,
+    save_predictions: bool,
+) -> dict[str, Any]:
+    """Rank 0: check the image count, build the report, write it (and the predictions)."""
+    from theanompi.io.atomic import write_json, write_npy
+
+    if res["images"] != loader.n_images:
+        raise DataError(
+            f"evaluated {res['images']} val images but the labels list {loader.n_images}; "
+            "rerun `tmpi prep labels`"
+        )
+    report = {
+        "checkpoint": str(ckpt_path),
+        "epoch": ckpt.epoch,
+        "model": str(cfg.model.name),
+        "data": str(cfg.data.dir),
+        "ranks": size,
+        "batch_size": loader.batch_size,
+        **{
+            k: res[k]
+            for k in ("images", "top1_error", "top5_error", "loss", "seconds", "images_per_s")
+        },
+    }
+    if per_class:
+        report["per_class"] = _per_class_rows(cfg, res, K)
+    if save_predictions:
+        pp = predictions_path(ckpt_path)
+        write_npy(pp, res["predictions"].astype(np.int32))
+        report["predictions"] = str(pp)
+    rp = report_path(ckpt_path)
+    report["report"] = str(rp)
+    write_json(rp, report)
+    return report
+
+
 def run(
     cfg: Any,
     checkpoint: str | Path | None = None,
@@ -194,30 +276,16 @@ def run(
     from mpi4py import MPI
 
     from theanompi.comm import log
-    from theanompi.data import ValLoader
-    from theanompi.io.atomic import write_json, write_npy
     from theanompi.pytensor_env import CompileTurn
     from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
-
-    def setup(model: Any) -> tuple[Path, Any, Any, Any]:
-        with turn:  # the node's other ranks wait until its first has compiled
-            ckpt_path = _resolve_checkpoint(cfg, checkpoint)
-            _check_val_folder(cfg)
-            loader = ValLoader(cfg, rank, size)
-            if model is None:
-                from theanompi.models import create_model
-
-                model = create_model(cfg.model)
-            ckpt = load_model_checkpoint(model, ckpt_path, str(cfg.model.name))  # before compile
-            model.build(loader.batch_size, backend=cfg.training.backend)
-        return ckpt_path, loader, model, ckpt
-
     collective(comm, check_nodes, comm, str(cfg.data.dir), None)  # same data on every node
     turn = CompileTurn(comm)  # compile once per node
-    ckpt_path, loader, model, ckpt = collective(comm, setup, model)
+    ckpt_path, loader, model, ckpt = collective(
+        comm, _setup, cfg, checkpoint, model, turn, rank, size
+    )
 
     K = int(model.n_classes)
     # the code path of in-training validation (theanompi.models.metrics.validate): same numbers
@@ -227,48 +295,13 @@ def run(
     report: dict[str, Any] | None = None
     if rank == 0:
         assert res is not None
-        if res["images"] != loader.n_images:
-            raise DataError(
-                f"evaluated {res['images']} val images but the labels list {loader.n_images}; "
-                "rerun `tmpi prep labels`"
-            )
-        report = {
-            "checkpoint": str(ckpt_path),
-            "epoch": ckpt.epoch,
-            "model": str(cfg.model.name),
-            "data": str(cfg.data.dir),
-            "ranks": size,
-            "batch_size": loader.batch_size,
-            **{
-                k: res[k]
-                for k in ("images", "top1_error", "top5_error", "loss", "seconds", "images_per_s")
-            },
-        }
-        if per_class:
-            names = _synsets(cfg, K)
-            report["per_class"] = [
-                {
-                    "index": c,
-                    "wnid": names[c][0],
-                    "name": names[c][1],
-                    "images": int(res["class_images"][c]),
-                    "top1_correct": int(res["class_top1"][c]),
-                    "top1_accuracy": (
-                        float(res["class_top1"][c] / res["class_images"][c])
-                        if res["class_images"][c]
-                        else None
-                    ),
-                }
-                for c in range(K)
-            ]
-        if save_predictions:
-            pp = predictions_path(ckpt_path)
-            write_npy(pp, res["predictions"].astype(np.int32))
-            report["predictions"] = str(pp)
-        rp = report_path(ckpt_path)
-        report["report"] = str(rp)
-        write_json(rp, report)
+        report = _write_report(
+            cfg, res, ckpt_path, ckpt, loader, size, K, per_class, save_predictions
+        )
         if not quiet:
             log(format_table(report))
-            log(f"wrote {rp}" + (f" and {report['predictions']}" if save_predictions else ""))
+            log(
+                f"wrote {report['report']}"
+                + (f" and {report['predictions']}" if save_predictions else "")
+            )
     return comm.bcast(report, root=0)

@@ -138,34 +138,12 @@ def run(
     return summary
 
 
-def _fit(
-    cfg: Any,
-    rule: Any,
-    comm: Any,
-    train: Any,
-    val: Any,
-    model: Any,
-    timeline: Any,
-    resume: bool,
-    watchdog: Any = None,
-) -> dict[str, Any]:
-    """Start values (rank 0's or the checkpoint's), record, then the Trainer's loop."""
-    from theanompi.io.record import RecordWriter
-    from theanompi.models.params import bcast_values, check_same_layout
-    from theanompi.train.rng import seed_rngs
-    from theanompi.train.schedule import LRSchedule, lr_scale
+def _snapshotter(cfg: Any, rule: Any, comm: Any, model: Any) -> Any:
+    """The run's checkpoint writer/reader, its meta naming the config and the rule."""
     from theanompi.train.snapshot import Snapshotter
-    from theanompi.train.trainer import LoopSettings, Trainer
 
-    rank, size = comm.Get_rank(), comm.Get_size()
-    tag = f"[{rule.name.lower()}]"
-    log = (lambda text: print(f"{tag} {text}", flush=True)) if rank == 0 else (lambda text: None)
-    n_epochs = int(cfg.model.n_epochs)
-    check_same_layout(model.params, comm, "param")
-    check_same_layout(model.opt_state, comm, "optimizer state")
-    seed_rngs(model, cfg.randomness.seed, rule.world.Get_rank())
     rule_meta = {"config": cfg.to_dict(), "rule": rule.name}
-    snap = Snapshotter(
+    return Snapshotter(
         cfg.output.checkpoint_dir,
         cfg.output.snapshot_freq,
         comm,
@@ -174,6 +152,15 @@ def _fit(
         meta=rule_meta,
         keep_last=int(cfg.output.keep_last),
     )
+
+
+def _start_point(
+    snap: Any, model: Any, comm: Any, resume: bool, n_epochs: int, log: Any
+) -> tuple[int, int, str | None, int]:
+    """(epoch, step, last checkpoint, step in epoch) to start from: the checkpoint's on
+    resume, else zeros with rank 0's parameters and optimizer state broadcast."""
+    from theanompi.models.params import bcast_values
+
     start_epoch, step, last_ckpt, start_in_epoch = 0, 0, None, 0
     if resume:
         ck = snap.restore()
@@ -188,6 +175,85 @@ def _fit(
     else:
         bcast_values(model.params, comm)
         bcast_values(model.opt_state, comm)
+    return start_epoch, step, last_ckpt, start_in_epoch
+
+
+def _open_record(
+    cfg: Any,
+    rule: Any,
+    train: Any,
+    n_workers: int,
+    enabled: bool,
+    resume: bool,
+    start_epoch: int,
+    scale: float,
+    warmup: int,
+) -> Any:
+    """The run's record (written by rank 0 only), opened with its ``start`` entry."""
+    from theanompi.io.record import RecordWriter
+
+    record = RecordWriter(
+        cfg.output.record_dir, enabled=enabled, keep_before_epoch=start_epoch if resume else None
+    )
+    record.write(
+        "start",
+        rule=rule.name,
+        world_size=rule.world_size,
+        n_workers=n_workers,
+        resume=resume,
+        start_epoch=start_epoch,
+        steps_per_epoch=train.steps_per_epoch,
+        dropped_sub_batches=train.dropped,
+        batch_size=train.batch_size,
+        lr_scale=scale,
+        warmup_steps=warmup,
+        config=cfg.to_dict(),
+        **rule.settings(),
+    )
+    return record
+
+
+def _loop_settings(cfg: Any, n_epochs: int) -> Any:
+    """The Trainer loop's plain settings, read off the config."""
+    from theanompi.train.trainer import LoopSettings
+
+    return LoopSettings(
+        n_epochs=n_epochs,
+        print_freq=int(cfg.training.print_freq),
+        check_every=int(cfg.weight_exchange.check_every),
+        checkpoint_every_steps=int(cfg.output.checkpoint_every_steps),
+        checkpoint_every_minutes=float(cfg.output.checkpoint_every_minutes),
+    )
+
+
+def _fit(
+    cfg: Any,
+    rule: Any,
+    comm: Any,
+    train: Any,
+    val: Any,
+    model: Any,
+    timeline: Any,
+    resume: bool,
+    watchdog: Any = None,
+) -> dict[str, Any]:
+    """Start values (rank 0's or the checkpoint's), record, then the Trainer's loop."""
+    from theanompi.models.params import check_same_layout
+    from theanompi.train.rng import seed_rngs
+    from theanompi.train.schedule import LRSchedule, lr_scale
+    from theanompi.train.trainer import Trainer
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    tag = f"[{rule.name.lower()}]"
+    log = (lambda text: print(f"{tag} {text}", flush=True)) if rank == 0 else (lambda text: None)
+    n_epochs = int(cfg.model.n_epochs)
+    check_same_layout(model.params, comm, "param")
+    check_same_layout(model.opt_state, comm, "optimizer state")
+    seed_rngs(model, cfg.randomness.seed, rule.world.Get_rank())
+    snap = _snapshotter(cfg, rule, comm, model)
+    start_epoch, step, last_ckpt, start_in_epoch = _start_point(
+        snap, model, comm, resume, n_epochs, log
+    )
     rule.setup(model, comm)
     b = train.batch_size
     global_batch = b * size
@@ -200,24 +266,7 @@ def _fit(
         + (f", warm-up {warmup} steps" if warmup else "")
     )
     log(train.summary)
-    record = RecordWriter(
-        cfg.output.record_dir, enabled=rank == 0, keep_before_epoch=start_epoch if resume else None
-    )
-    record.write(
-        "start",
-        rule=rule.name,
-        world_size=rule.world_size,
-        n_workers=size,
-        resume=resume,
-        start_epoch=start_epoch,
-        steps_per_epoch=train.steps_per_epoch,
-        dropped_sub_batches=train.dropped,
-        batch_size=b,
-        lr_scale=scale,
-        warmup_steps=warmup,
-        config=cfg.to_dict(),
-        **rule.settings(),
-    )
+    record = _open_record(cfg, rule, train, size, rank == 0, resume, start_epoch, scale, warmup)
     trainer = Trainer(
         model=model,
         rule=rule,
@@ -228,13 +277,7 @@ def _fit(
         record=record,
         timeline=timeline,
         schedule=LRSchedule(scale, warmup),
-        settings=LoopSettings(
-            n_epochs=n_epochs,
-            print_freq=int(cfg.training.print_freq),
-            check_every=int(cfg.weight_exchange.check_every),
-            checkpoint_every_steps=int(cfg.output.checkpoint_every_steps),
-            checkpoint_every_minutes=float(cfg.output.checkpoint_every_minutes),
-        ),
+        settings=_loop_settings(cfg, n_epochs),
         watchdog=watchdog,
     )
     try:

@@ -46,6 +46,7 @@ __all__ = [
     "pool_output_size",
 ]
 
+
 def compile_mode(backend: str) -> Any:
     """The ``pytensor.function`` mode of ``backend``, a name in :data:`BACKENDS` (``None``:
     the configured default, C). ``ConfigError`` for an unknown name, or for ``jax`` without JAX."""

@@ -1,6 +1,6 @@
 """Per-rank program: train with crafted predictions, then ``tmpi eval`` the last checkpoint.
 
-``mpirun -n N python tests/mpi_metrics_agree.py DATA RUN OUT_JSON``
+``mpirun -n N python tests/models/mpi_metrics_agree.py DATA RUN OUT_JSON``
 
 Trains :class:`CraftedModel` with ``theanompi.train.run.run`` on all ranks, then evaluates the
 checkpoint of the record's last epoch with ``theanompi.train.evaluate.run`` on all ranks (N) and on
@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "rules"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rules"))
 
 from theanompi.pytensor_env import configure  # noqa: E402
 
@@ -96,17 +96,17 @@ def case_counts(model: Any, cfg: Any) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    from theanompi import eval as tmpi_eval
-    from theanompi import train
     from theanompi.comm import install_abort_hook
     from theanompi.io.record import read_record
+    from theanompi.train import evaluate as tmpi_eval
+    from theanompi.train.run import run as train_run
 
     install_abort_hook()
     data, run, out = (Path(a) for a in argv)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     cfg = tiny_config(data, run, **OVERRIDES)
-    summary = train.run(cfg, comm=comm, model=CraftedModel(cfg.model))
+    summary = train_run(cfg, comm=comm, model=CraftedModel(cfg.model))
     last = None
     if rank == 0:
         last = [r for r in read_record(cfg.output.record_dir) if r.get("kind") == "epoch"][-1]

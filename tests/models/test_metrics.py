@@ -223,7 +223,7 @@ def test_validate_refuses_a_loader_split_for_another_size() -> None:
 def test_record_validation_equals_eval_of_the_checkpoint_exactly(mpirun, tmp_path) -> None:
     """The issue's acceptance test: the record's last validation (training on 2 ranks) equals
     ``tmpi eval`` of that epoch's checkpoint at N=1 and N=2, ties and zeros included."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from _train_data import write_dataset
 
     data = write_dataset(tmp_path / "data", n_train=4, n_val=3, B=16, S=10, n_classes=10)

@@ -6,7 +6,7 @@ PyTensor, not derived from ``theanompi.models.base.Model``: logits are
 ``SCALE * x[:, 0, 0, :K] @ W`` (one row of the centre crop) with ``W`` a permutation matrix loaded from a
 checkpoint, so the class ranking of every image is chosen by the test.
 
-Usage: ``mpirun -n N python tests/mpi_eval_hand.py DATA CKPT MODEL_YAML OUT_JSON``
+Usage: ``mpirun -n N python tests/train/mpi_eval_hand.py DATA CKPT MODEL_YAML OUT_JSON``
 (OUT_JSON is written by rank 0 with the eval report).
 """
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "fault"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fault"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _train_data import write_dataset  # noqa: E402
 from harness import Job, mpirun_argv, tiny_train_args, write_tiny_data  # noqa: E402
 

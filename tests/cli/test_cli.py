@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-MODEL_YAML = str(Path(__file__).parent / "model_mlp.yaml")
+MODEL_YAML = str(Path(__file__).parents[1] / "model_mlp.yaml")
 
 
 def test_top_level_help_lists_commands(cli) -> None:

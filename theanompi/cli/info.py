@@ -1,0 +1,65 @@
+"""``tmpi info``: versions of the stack and the device, from rank 0."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+__all__ = ["app", "info"]
+
+app = typer.Typer()
+
+
+@app.command()
+def info() -> None:
+    """Print versions of MPI, mpi4py, PyTensor, numpy, the BLAS PyTensor links, and the device."""
+    from theanompi.pytensor_env import blas_info, configure
+
+    configure()
+    import mpi4py
+    import numpy
+    import pytensor
+    from mpi4py import MPI
+
+    from theanompi._version import __version__
+
+    rows = [
+        ("theanompi", __version__),
+        ("python", sys.version.split()[0]),
+        ("mpi", MPI.Get_library_version().splitlines()[0].strip()),
+        ("mpi4py", mpi4py.__version__),
+        ("mpi ranks", str(MPI.COMM_WORLD.Get_size())),
+        ("numpy", numpy.__version__),
+        ("pytensor", pytensor.__version__),
+        ("pytensor linker", f"{pytensor.config.linker} ({pytensor.config.mode})"),
+        ("pytensor floatX", pytensor.config.floatX),
+        ("pytensor compiledir", pytensor.config.compiledir),
+    ]
+    blas = blas_info()
+    rows += [
+        ("blas library", blas["library"]),
+        ("blas threads", blas["threads"]),
+        ("blas ldflags", blas["ldflags"] or "(none)"),
+    ]
+    rows.append(("device", _device()))
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            typer.echo(f"{key:<{width}}  {value}")
+
+
+def _device() -> str:
+    import platform
+
+    cpu = f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+    try:
+        import pycuda.driver as cuda  # type: ignore[import-not-found]
+
+        cuda.init()
+        if cuda.Device.count():
+            return f"{cpu}; gpu: {cuda.Device(0).name()}"
+    except Exception:  # noqa: BLE001 - pycuda absent or no GPU: CPU only
+        pass
+    return cpu

@@ -1,0 +1,320 @@
+"""``tmpi train``: its options, gathered into one :class:`TrainSettings`, and the run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple
+
+import typer
+
+from theanompi.cli._options import (
+    ConfigPath,
+    DataDir,
+    ModelName,
+    NProcs,
+    RunDir,
+    SetKeys,
+    _overrides,
+    _RegistryHelp,
+    _relaunch_if_asked,
+    _start,
+)
+from theanompi.comm import under_mpirun
+from theanompi.errors import ConfigError
+
+__all__ = ["app", "train", "run_training", "TrainSettings"]
+
+app = typer.Typer()
+
+# The options of `tmpi train` ({section.key} in a help text lists that key's choices).
+Rule = Annotated[str | None, typer.Option("--rule", help="Sync rule: {weight_exchange.sync_rule}.")]
+Strategy = Annotated[
+    str | None,
+    typer.Option("--strategy", help="Exchange strategy: {weight_exchange.exch_strategy}."),
+]
+Compression = Annotated[
+    str | None,
+    typer.Option("--compression", help="Values on the wire: {weight_exchange.compression}."),
+]
+SyncType = Annotated[
+    str | None,
+    typer.Option(
+        "--sync-type", help="BSP: average parameters or gradients ({weight_exchange.sync_type})."
+    ),
+]
+Epochs = Annotated[int | None, typer.Option("--epochs", help="Number of epochs (model.n_epochs).")]
+BatchSize = Annotated[
+    int | None,
+    typer.Option("--batch-size", help="Per-worker sub-batch; must divide the file batch B."),
+]
+Lr = Annotated[float | None, typer.Option("--lr", help="Initial learning rate.")]
+Seed = Annotated[int | None, typer.Option("--seed", help="Random seed.")]
+MaxSteps = Annotated[int | None, typer.Option("--max-steps", help="Cap steps per epoch (0: all).")]
+AvgFreq = Annotated[
+    int | None, typer.Option("--avg-freq", help="EASGD: elastic exchange every K steps.")
+]
+GossipP = Annotated[
+    float | None,
+    typer.Option("--gossip-p", help="GOSGD: probability of a push after a step, in (0, 1]."),
+]
+LrScaling = Annotated[
+    str | None,
+    typer.Option(
+        "--lr-scaling",
+        help="{training.lr_scaling}; linear: lr x global batch / training.lr_reference_batch.",
+    ),
+]
+WarmupEpochs = Annotated[
+    float | None,
+    typer.Option("--warmup-epochs", help="Ramp the lr up linearly over these epochs."),
+]
+Backend = Annotated[
+    str | None,
+    typer.Option("--backend", help="Compiler of the step functions: {training.backend}."),
+]
+Timeline = Annotated[
+    Path | None,
+    typer.Option("--timeline", help="Write a Chrome trace of every rank's spans here."),
+]
+StallTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--stall-timeout",
+        help="End the job (exit 1) naming the rank(s) a collective has waited this many "
+        "seconds for (training.stall_timeout; 0: off).",
+    ),
+]
+Deterministic = Annotated[
+    bool, typer.Option("--deterministic", help="No shuffle, crop or mirror randomness.")
+]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue from the latest checkpoint in the run dir (its stored config is "
+        "compared with this one: a changed model, arch, batch size or data layout refuses).",
+    ),
+]
+Overwrite = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Start again in a run dir that holds a run: delete its checkpoints and record "
+        "(only those). Without it or --resume such a run dir is refused.",
+    ),
+]
+VerifyData = Annotated[
+    bool,
+    typer.Option(
+        "--verify-data",
+        help="Check every batch against the prep manifest's digests before training "
+        "(data.verify=all; by default each batch is checked when first read).",
+    ),
+]
+MaxRestarts = Annotated[
+    int,
+    typer.Option(
+        "--max-restarts",
+        help="With -n: after a rank failure or stall, relaunch with --resume from the "
+        "latest checkpoint, at most this many times (as torchrun).",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How many ranks and what compiles their steps."""
+
+    n: int | None = None
+    backend: str | None = None
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """How the replicas are kept together."""
+
+    rule: str | None = None
+    strategy: str | None = None
+    compression: str | None = None
+    sync_type: str | None = None
+    avg_freq: int | None = None
+    gossip_p: float | None = None
+
+
+@dataclass(frozen=True)
+class Data:
+    """What the steps read, and its randomness."""
+
+    data_dir: Path | None = None
+    verify_data: bool = False
+    seed: int | None = None
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long and at what rate."""
+
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    lr_scaling: str | None = None
+    warmup_epochs: float | None = None
+    max_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where the run is written, and what happens to a run already there."""
+
+    run_dir: Path | None = None
+    timeline: Path | None = None
+    resume: bool = False
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """What ends a stuck job and how often a failed one is relaunched."""
+
+    stall_timeout: float | None = None
+    max_restarts: int = 0
+
+
+class _Key(NamedTuple):
+    field: str  # a TrainSettings field: group.name
+    key: str  # the config key the flag sets: section.key
+    on: Any = True  # a bool flag: the value it sets when given
+
+
+# Each flag that sets a config key, in the order the overrides are applied. A flag left at
+# None (or a bool flag not given) sets nothing; a path is passed as text.
+_CONFIG_KEYS = (
+    _Key("exchange.rule", "weight_exchange.sync_rule"),
+    _Key("exchange.strategy", "weight_exchange.exch_strategy"),
+    _Key("exchange.sync_type", "weight_exchange.sync_type"),
+    _Key("exchange.compression", "weight_exchange.compression"),
+    _Key("exchange.avg_freq", "weight_exchange.avg_freq"),
+    _Key("exchange.gossip_p", "weight_exchange.gossip_p"),
+    _Key("data.data_dir", "data.dir"),
+    _Key("output.run_dir", "output.run_dir"),
+    _Key("schedule.epochs", "model.n_epochs"),
+    _Key("schedule.batch_size", "model.batch_size"),
+    _Key("schedule.lr", "model.learning_rate"),
+    _Key("data.seed", "randomness.seed"),
+    _Key("data.deterministic", "randomness.deterministic"),
+    _Key("data.verify_data", "data.verify", on="all"),
+    _Key("schedule.max_steps", "training.max_steps"),
+    _Key("schedule.lr_scaling", "training.lr_scaling"),
+    _Key("schedule.warmup_epochs", "training.warmup_epochs"),
+    _Key("launch.backend", "training.backend"),
+    _Key("reliability.stall_timeout", "training.stall_timeout"),
+    _Key("output.timeline", "output.timeline"),
+)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything ``tmpi train`` was given, by group; built once from the command's flags."""
+
+    config: Path | None = None
+    model: str | None = None
+    sets: tuple[str, ...] = ()
+    launch: Launch = Launch()
+    exchange: Exchange = Exchange()
+    data: Data = Data()
+    schedule: Schedule = Schedule()
+    output: Output = Output()
+    reliability: Reliability = Reliability()
+
+    @classmethod
+    def from_flags(cls, flags: dict[str, Any]) -> TrainSettings:
+        """Sort the command's parameters, by name, into their groups."""
+        flags = dict(flags)
+        groups = {}
+        for f in fields(cls):
+            if is_dataclass(f.default):
+                group = type(f.default)
+                groups[f.name] = group(**{g.name: flags.pop(g.name) for g in fields(group)})
+        sets = tuple(flags.pop("sets") or ())
+        return cls(sets=sets, **groups, **flags)  # a parameter in no group is refused here
+
+    def overrides(self) -> dict[str, Any]:
+        """``section.key -> value`` for :func:`~theanompi.config.load_config`: the flags
+        (``None``: not given) by :data:`_CONFIG_KEYS`, then each ``--set``."""
+        flags = {}
+        for row in _CONFIG_KEYS:
+            group, name = row.field.split(".")
+            value = getattr(getattr(self, group), name)
+            if isinstance(value, bool):
+                value = row.on if value else None
+            elif isinstance(value, Path):
+                value = str(value)
+            flags[row.key] = value
+        return _overrides(self.sets, **flags)
+
+
+@app.command(cls=_RegistryHelp)
+def train(
+    n: NProcs = None,
+    config: ConfigPath = None,
+    model: ModelName = None,
+    rule: Rule = None,
+    strategy: Strategy = None,
+    compression: Compression = None,
+    sync_type: SyncType = None,
+    data_dir: DataDir = None,
+    run_dir: RunDir = None,
+    epochs: Epochs = None,
+    batch_size: BatchSize = None,
+    lr: Lr = None,
+    seed: Seed = None,
+    max_steps: MaxSteps = None,
+    avg_freq: AvgFreq = None,
+    gossip_p: GossipP = None,
+    lr_scaling: LrScaling = None,
+    warmup_epochs: WarmupEpochs = None,
+    backend: Backend = None,
+    timeline: Timeline = None,
+    stall_timeout: StallTimeout = None,
+    deterministic: Deterministic = False,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+    verify_data: VerifyData = False,
+    max_restarts: MaxRestarts = 0,
+    sets: SetKeys = None,
+) -> None:
+    """Train a model with a sync rule. -n counts every rank, a rule's server included.
+
+    --model names configs/<MODEL>.yaml, a YAML path, or a registered model that has no
+    config file (e.g. --model mlp): its model section is then the schema defaults.
+    """
+    run_training(TrainSettings.from_flags(locals()))  # locals(): just the parameters, here
+
+
+def run_training(s: TrainSettings) -> None:
+    """Validate the config, relaunch under mpirun for ``-n``, start MPI and train."""
+    from theanompi.config import check_world_size, load_config
+
+    cfg = load_config(s.config, s.model, s.overrides())  # validate before starting any MPI job
+    n, max_restarts = s.launch.n, s.reliability.max_restarts
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if max_restarts and (n is None or (under_mpirun() and "THEANOMPI_LAUNCHED" not in os.environ)):
+        raise ConfigError("--max-restarts needs -n N (the launcher restarts mpirun); drop it")
+    if n is not None and not under_mpirun():
+        check_world_size(cfg, n)
+    _relaunch_if_asked(n, max_restarts, cfg.output)
+    _start(n)
+    from theanompi.comm import world
+
+    check_world_size(cfg, world().Get_size())
+    from theanompi.launch.signals import StopFlag
+    from theanompi.train.run import run
+
+    with StopFlag():  # a Ctrl-C before the loop (or on a serving rank) waits for the loop
+        summary = run(cfg, resume=s.output.resume, overwrite=s.output.overwrite)
+    if summary["interrupted"]:  # stopped at a step boundary; checkpoints valid
+        raise typer.Exit(130)
