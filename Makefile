@@ -12,7 +12,20 @@ MODEL    ?= digits
 CONFIG   ?= configs/config.yaml
 DATA     ?= data/digits
 IMAGENET ?=
-RUN      ?= runs/$(MODEL)
+RUN      ?=
+RESUME   ?=
+OVERWRITE ?=
+
+# make train's run dir (unless RUN=DIR): one per model, rule, strategy and N, so that runs
+# of different ones never meet. RESUME=1 continues it (--resume), OVERWRITE=1 replaces it.
+RUN_NAME   = runs/$(basename $(notdir $(MODEL)))-$(RULE)-$(STRATEGY)-n$(N)
+TRAIN_RUN  = $(or $(RUN),$(RUN_NAME))
+# make eval's run: RUN; else the one RULE, STRATEGY or N given to make name; else the latest
+# run of MODEL (the newest checkpoint under runs/MODEL-*), e.g. what make train just wrote.
+NAMED      = $(filter-out default file,$(origin RULE) $(origin STRATEGY) $(origin N))
+LATEST_RUN = $(patsubst %/checkpoints/,%,$(dir $(firstword $(shell ls -t \
+               runs/$(basename $(notdir $(MODEL)))-*/checkpoints/epoch_*.npz 2>/dev/null))))
+EVAL_RUN   = $(or $(RUN),$(if $(NAMED),$(RUN_NAME),$(or $(LATEST_RUN),$(RUN_NAME))))
 
 .PHONY: venv constraints data train eval demo test test-serial test-mpi bench bench-prep bench-exchange bench-model bench-train lint clean
 
@@ -39,10 +52,11 @@ else
 endif
 
 train: venv
-	$(TMPI) train -n $(N) --config $(CONFIG) --model $(MODEL) --rule $(RULE) --strategy $(STRATEGY) --data $(DATA) --run-dir $(RUN)
+	$(TMPI) train -n $(N) --config $(CONFIG) --model $(MODEL) --rule $(RULE) --strategy $(STRATEGY) \
+	  --data $(DATA) --run-dir $(TRAIN_RUN)$(if $(filter 1,$(RESUME)), --resume)$(if $(filter 1,$(OVERWRITE)), --overwrite)
 
 eval: venv
-	$(TMPI) eval -n $(N) --config $(CONFIG) --model $(MODEL) --data $(DATA) --run-dir $(RUN)
+	$(TMPI) eval -n $(N) --config $(CONFIG) --model $(MODEL) --data $(DATA) --run-dir $(EVAL_RUN)
 
 demo: data train eval
 

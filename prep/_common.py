@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -120,23 +121,71 @@ def raise_collective(
         raise err
 
 
-class Progress:
-    """A one-line progress bar on stderr (rank 0 only): ``label done/total images, img/s``.
+#: where the output is no terminal (a log, a pipe): one progress line at most this often
+LOG_EVERY_S = 15.0
 
-    Each rank counts its own images; rank 0 shows its count times the number of ranks,
-    an estimate that needs no communication. The final line is printed by the caller.
+
+def _eta(seconds: float) -> str:
+    """``45s``, ``1m03s``, ``2h05m``.
+
+    >>> _eta(63), _eta(7500), _eta(4.2)
+    ('1m03s', '2h05m', '5s')
+    """
+    s = max(0, math.ceil(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s // 60 % 60:02d}m"
+
+
+def _on_terminal(stream: Any) -> bool:
+    """Whether ``stream``'s output ends on a terminal: the launcher says so for the ranks
+    (:data:`~theanompi.launch.supervise.TERMINAL_ENV`), else ask the stream."""
+    from theanompi.launch.supervise import TERMINAL_ENV
+
+    said = os.environ.get(TERMINAL_ENV, "")
+    if said in ("0", "1"):
+        return said == "1"
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class Progress:
+    """Progress on stderr (rank 0 only): ``label: done/total images (p%), img/s, ETA``.
+
+    On a terminal (also through ``tmpi ... -n N``, whose launcher passes updates on as they
+    come) one line is redrawn with ``\\r`` every ``interval`` seconds; elsewhere (a log, a pipe,
+    a bare mpirun) a line is printed at the start, every :data:`LOG_EVERY_S` seconds and at the
+    end, so that logs stay readable. Each rank counts its own images; rank 0 shows its count
+    times the number of ranks, an estimate that needs no communication. The caller prints the
+    final report.
     """
 
-    def __init__(self, label: str, total: int, comm: Comm, interval: float = 0.5) -> None:
+    def __init__(
+        self, label: str, total: int, comm: Comm, interval: float = 0.5, stream: Any = None
+    ) -> None:
         self.label = label
         self.total = total
         self.size = comm.Get_size()
         self.enabled = comm.Get_rank() == 0 and total > 0
-        self.interval = interval
+        self.stream = sys.stderr if stream is None else stream
+        self.live = self.enabled and _on_terminal(self.stream)
+        self.interval = interval if self.live else max(interval, LOG_EVERY_S)
         self.start = time.perf_counter()
         self.done = 0
-        self._last = 0.0
+        self._last: float | None = None
+        self._width = 0  # of the line drawn last (a shorter one is padded over it)
         self._shown = False
+
+    def line(self, shown: int, seconds: float) -> str:
+        """The progress text for ``shown`` images after ``seconds``."""
+        rate = shown / max(seconds, 1e-9)
+        eta = _eta((self.total - shown) / rate) if rate > 0 else "--"
+        pct = 100 * shown // self.total
+        return f"{self.label}: {shown}/{self.total} images ({pct}%), {rate:,.0f} img/s, ETA {eta}"
 
     def update(self, n: int) -> None:
         """Add ``n`` images done by this rank; redraw at most every ``interval`` seconds."""
@@ -144,23 +193,23 @@ class Progress:
         if not self.enabled:
             return
         now = time.perf_counter()
-        if now - self._last < self.interval and self.done * self.size < self.total:
+        shown = min(self.total, self.done * self.size)
+        last = self._last
+        if last is not None and now - last < self.interval and shown < self.total:
             return
         self._last = now
-        shown = min(self.total, self.done * self.size)
-        rate = shown / max(now - self.start, 1e-9)
-        print(
-            f"\r{self.label}: {shown}/{self.total} images, {rate:,.0f} img/s ",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
+        text = self.line(shown, now - self.start)
+        if self.live:
+            print(f"\r{text.ljust(self._width)}", end="", file=self.stream, flush=True)
+            self._width = len(text)
+        else:
+            print(text, file=self.stream, flush=True)
         self._shown = True
 
     def close(self) -> None:
         """End the progress line."""
-        if self.enabled and self._shown:
-            print(file=sys.stderr, flush=True)
+        if self.live and self._shown:
+            print(file=self.stream, flush=True)
 
 
 def combined_checksum(digests: dict[str, list[str]]) -> str:

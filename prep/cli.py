@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from theanompi.errors import EXIT_FAILURE, ConfigError, UserError
+from theanompi.launch.hosts import PLACEMENT_FLAGS
 
 __all__ = ["app"]
 
@@ -28,31 +29,91 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-Src = Annotated[Path, typer.Option("--src", help="Image tree with train/<wnid>/ and val/.")]
-Out = Annotated[Path, typer.Option("--out", help="Data folder to write (the prep output).")]
-BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Images per batch file (B).")]
-Size = Annotated[int, typer.Option("--size", help="Side S of the square images.")]
+# help panels: what is read, what is written, and how many ranks run where
+INPUT, OUTPUT, LAUNCH = "Input", "Output", "Launch"
+
+Src = Annotated[
+    Path,
+    typer.Option("--src", help="Image tree with train/<wnid>/ and val/.", rich_help_panel=INPUT),
+]
+Out = Annotated[
+    Path,
+    typer.Option("--out", help="Data folder to write (the prep output).", rich_help_panel=OUTPUT),
+]
+BatchSize = Annotated[
+    int,
+    typer.Option("--batch-size", "-b", help="Images per batch file (B).", rich_help_panel=OUTPUT),
+]
+Size = Annotated[
+    int, typer.Option("--size", help="Side S of the square images.", rich_help_panel=OUTPUT)
+]
 Layout = Annotated[
-    str, typer.Option("--layout", help="Batch array layout: c01b (3,S,S,B) or bc01 (B,3,S,S).")
+    str,
+    typer.Option(
+        "--layout",
+        help="Batch array layout: c01b (3,S,S,B) or bc01 (B,3,S,S).",
+        rich_help_panel=OUTPUT,
+    ),
 ]
 Last = Annotated[
-    str, typer.Option("--last", help="Train's last partial batch: drop or pad (label -1).")
+    str,
+    typer.Option(
+        "--last",
+        help="Train's last partial batch: drop or pad (label -1).",
+        rich_help_panel=OUTPUT,
+    ),
 ]
 ValLast = Annotated[
-    str, typer.Option("--val-last", help="Val's last partial batch: pad (label -1) or drop.")
+    str,
+    typer.Option(
+        "--val-last",
+        help="Val's last partial batch: pad (label -1) or drop.",
+        rich_help_panel=OUTPUT,
+    ),
 ]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the train shuffle.")]
+Seed = Annotated[
+    int, typer.Option("--seed", help="Seed of the train shuffle.", rich_help_panel=OUTPUT)
+]
 Gt = Annotated[
     Path | None,
-    typer.Option("--gt", help="Val ground-truth file [default: val_ground_truth.txt etc. in SRC]."),
+    typer.Option(
+        "--gt",
+        help="Val ground-truth file (default: val_ground_truth.txt etc. in SRC).",
+        rich_help_panel=INPUT,
+    ),
 ]
 GtBase = Annotated[
-    str, typer.Option("--gt-base", help="Integer ground-truth labels are auto, 0- or 1-based.")
+    str,
+    typer.Option(
+        "--gt-base",
+        help="Integer ground-truth labels are auto, 0- or 1-based.",
+        rich_help_panel=INPUT,
+    ),
 ]
 NProcs = Annotated[
     int | None,
-    typer.Option("-n", "--np", help="Launch this many MPI ranks with mpirun (omit under mpirun)."),
+    typer.Option(
+        "-n",
+        "--np",
+        help="Launch this many MPI ranks with mpirun (omit under mpirun); across machines "
+        "add --hostfile or -H.",
+        rich_help_panel=LAUNCH,
+    ),
 ]
+
+
+def _placement(name: str) -> Any:
+    """The ``--hostfile`` / ``-H`` / ``--mpi-args`` option ``name``; its value also comes from
+    its variable, where ``tmpi`` puts the flag given anywhere on the line."""
+    flag = PLACEMENT_FLAGS[name]
+    return typer.Option(
+        *flag.names, envvar=flag.env, metavar=flag.metavar, help=flag.help, rich_help_panel=LAUNCH
+    )
+
+
+Hostfile = Annotated[str | None, _placement("hostfile")]
+Hosts = Annotated[str | None, _placement("hosts")]
+MpiArgs = Annotated[str | None, _placement("mpi_args")]
 
 
 def _size() -> tuple[int, int]:
@@ -117,8 +178,14 @@ def _guard(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _launch(n: int | None) -> None:
-    """With ``-n N`` outside mpirun, rerun this command under ``mpirun -n N`` and exit with its code."""
+def _launch(
+    n: int | None,
+    hostfile: str | None = None,
+    hosts: str | None = None,
+    mpi_args: str | None = None,
+) -> None:
+    """With ``-n N`` outside mpirun, rerun this command under ``mpirun -n N`` (on the hosts of
+    ``--hostfile`` / ``-H``, with ``--mpi-args``) and exit with its code."""
     from theanompi.comm import under_mpirun
 
     if n is None:
@@ -139,12 +206,14 @@ def _launch(n: int | None) -> None:
         return
     if n == 1:
         return
+    from theanompi.launch.hosts import Placement
     from theanompi.launch.mpirun import relaunch
 
     argv = sys.argv[1:]
     if argv[:1] != ["prep"]:  # started as `python -m prep.cli ...`
         argv = ["prep", *argv]
-    raise typer.Exit(relaunch(n, argv))
+    placement = Placement.from_flags(hostfile, hosts, mpi_args)
+    raise typer.Exit(relaunch(n, argv, placement=placement))
 
 
 def _log(*args: Any) -> None:
@@ -216,9 +285,18 @@ def _do_verify(out: Path) -> None:
 
 @app.command()
 @_guard
-def scan(src: Src, out: Out, gt: Gt = None, gt_base: GtBase = "auto", n: NProcs = None) -> None:
+def scan(
+    src: Src,
+    out: Out,
+    gt: Gt = None,
+    gt_base: GtBase = "auto",
+    n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
+) -> None:
     """List classes and files, read the val ground truth, decode-check every image (skip bad)."""
-    _launch(n)
+    _launch(n, hostfile, hosts, mpi_args)
     _do_scan(src, out, gt, gt_base)
 
 
@@ -239,20 +317,29 @@ def batch(
     last: Last = "drop",
     val_last: ValLast = "pad",
     n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
 ) -> None:
     """Decode, resize, centre-crop and write the hickle batches, dealt round-robin over the ranks."""
     from prep.batch import validate_options
 
     validate_options(batch_size, size, layout, last, val_last)
-    _launch(n)
+    _launch(n, hostfile, hosts, mpi_args)
     _do_batch(out, batch_size, size, layout, last, val_last)
 
 
 @app.command()
 @_guard
-def mean(out: Out, n: NProcs = None) -> None:
+def mean(
+    out: Out,
+    n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
+) -> None:
     """Exact float32 mean image over the train batches (misc/img_mean.npy)."""
-    _launch(n)
+    _launch(n, hostfile, hosts, mpi_args)
     _do_mean(out)
 
 
@@ -265,9 +352,15 @@ def labels(out: Out) -> None:
 
 @app.command()
 @_guard
-def verify(out: Out, n: NProcs = None) -> None:
+def verify(
+    out: Out,
+    n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
+) -> None:
     """Re-read every batch: shapes, dtype, labels and checksums against the manifest."""
-    _launch(n)
+    _launch(n, hostfile, hosts, mpi_args)
     _do_verify(out)
 
 
@@ -285,12 +378,15 @@ def all_(
     gt: Gt = None,
     gt_base: GtBase = "auto",
     n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
 ) -> None:
     """Run every stage: scan, shuffle, batch, mean, labels, verify (resumable)."""
     from prep.batch import validate_options
 
     validate_options(batch_size, size, layout, last, val_last)
-    _launch(n)
+    _launch(n, hostfile, hosts, mpi_args)
     _do_scan(src, out, gt, gt_base)
     _do_shuffle(out, seed)
     _do_batch(out, batch_size, size, layout, last, val_last)

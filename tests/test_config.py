@@ -160,6 +160,7 @@ def test_choices_are_the_registries() -> None:
 
 
 PLUGINS = """
+from theanompi.models.mlp import MLP
 from theanompi.rules.base import SyncRule
 
 
@@ -187,7 +188,7 @@ class Int8:
     pass
 
 
-class Tiny:
+class Tiny(MLP):  # a user's model: it has the model protocol (here by deriving a shipped one)
     pass
 """
 
@@ -383,3 +384,89 @@ def test_unknown_model_lists_configs_and_models(tmp_path: Path) -> None:
 def test_bad_path_placeholder_is_one_line(tmp_path: Path) -> None:
     msg = error_of(tmp_path, {"output": {"run_dir": "runs/{modle}"}})
     assert "output.run_dir is 'runs/{modle}'" in msg and "{model}" in msg
+
+
+# -- output.loggers: a list of names from one registry -----------------------------------------
+def test_loggers_are_a_list_of_registry_names(tmp_path: Path) -> None:
+    from theanompi.io.loggers import LOGGERS
+
+    assert choices("output.loggers") == tuple(LOGGERS) == ("csv", "tensorboard")
+    run_path, model_path = write(tmp_path, {"output": {"loggers": ["tensorboard", "csv"]}})
+    assert load_config(run_path, model_path).output.loggers == ("tensorboard", "csv")
+    assert load_config(run_path, model_path, {"output.loggers": []}).output.loggers == ()
+    assert load_config(None, MODEL_YAML).output.loggers == ()  # the default: none
+    # a user's class beside the config file, stored absolute (every rank finds the same file)
+    (tmp_path / "mine.py").write_text("class Spy:\n    pass\n")
+    run_path, model_path = write(tmp_path, {"output": {"loggers": ["csv", "mine.py:Spy"]}})
+    got = load_config(run_path, model_path).output.loggers
+    assert got == ("csv", f"{(tmp_path / 'mine.py').resolve()}:Spy")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (["tensorbord"], "output.loggers is 'tensorbord'; it must be one of 'csv', 'tensorboard'"),
+        ("csv", "output.loggers must be a list, got 'csv' (str); write e.g. [csv, tensorboard]"),
+        (["csv", "csv"], "output.loggers lists 'csv' twice"),
+        ([3], "output.loggers is 3; it must be one of"),
+        (["nowhere.py:Spy"], "output.loggers: 'nowhere.py:Spy': no file"),
+    ],
+)
+def test_a_bad_logger_list_is_one_line(tmp_path: Path, value: object, message: str) -> None:
+    assert message in error_of(tmp_path, {"output": {"loggers": value}})
+    run_path, model_path = write(tmp_path, {})
+    with pytest.raises(ConfigError) as info:  # the same from the command line (--set)
+        load_config(run_path, model_path, {"output.loggers": value})
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# -- print_config: the resolved config as one YAML file that loads back -------------------------
+def _round_trip(tmp_path: Path, cfg: object) -> object:
+    from theanompi.config import print_config
+
+    saved = tmp_path / "saved" / "config.yaml"
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(print_config(cfg))
+    return load_config(saved)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},
+        {"output.run_dir": "runs/{model}/a{{b}}c", "randomness.deterministic": True},
+        {"output.loggers": ["csv", "tensorboard"], "model.arch": {"hidden": [5, 3], "x": {}}},
+        {"model.learning_rate": 1e-5, "training.warmup_epochs": 0.5, "output.timeline": "t.json"},
+    ],
+)
+def test_print_config_loads_back_unchanged(tmp_path: Path, over: dict) -> None:
+    cfg = load_config(None, MODEL_YAML, over)
+    back = _round_trip(tmp_path, cfg)
+    assert back.to_dict() == cfg.to_dict()
+    assert back.sources[1].endswith("config.yaml (model section)")
+
+
+def test_print_config_keeps_user_references_and_registered_models(tmp_path: Path) -> None:
+    path = plugins(tmp_path)
+    run = {"weight_exchange": {"sync_rule": "plugins.py:Local"}}
+    run_path, model_path = write(tmp_path, run, MODEL | {"name": "plugins.py:Tiny"})
+    cfg = load_config(run_path, model_path)
+    assert cfg.model.name == f"{path}:Tiny"
+    assert _round_trip(tmp_path, cfg).to_dict() == cfg.to_dict()
+    cfg = load_config(run_path, "small_cnn")  # no model file: the schema defaults
+    assert _round_trip(tmp_path, cfg).to_dict() == cfg.to_dict()
+
+
+def test_a_model_section_in_the_run_config(tmp_path: Path) -> None:
+    run = {"training": {"model": "mine"}, "model": MODEL | {"n_epochs": 3}}
+    run_path, model_path = write(tmp_path, run)
+    cfg = load_config(run_path)
+    assert cfg.model.n_epochs == 3 and cfg.output.run_dir == "runs/mine"
+    assert load_config(run_path, None, {"model.n_epochs": 4}).model.n_epochs == 4
+    # a model named by flag or override still wins over the file's section
+    assert load_config(run_path, model_path).model.n_epochs == 10
+    over = {"training.model": str(model_path)}
+    assert load_config(run_path, None, over).model.n_epochs == 10
+    run_path.write_text(yaml.safe_dump({"model": MODEL | {"bach_size": 4}}))
+    with pytest.raises(ConfigError, match=r"\(model section\): unknown key 'model.bach_size'"):
+        load_config(run_path)

@@ -76,7 +76,7 @@ BAD: dict[str, list[Any]] = {
     "model.batch_size": [0, -32, 48, 256, 3, "32", 1.5],
     "model.n_epochs": [-1, 0, -100, 1.5, "ten", None],
     "model.learning_rate": [0, -0.1, NAN, INF, -INF, 1e18, "fast", "nan", True],
-    "model.lr_policy": ["cosine", "", 1],
+    "model.lr_policy": ["exp", "", 1],
     "model.lr_step": [["a"], [-1], [0], [2, -4], "4", 4, [1.5], [True], [[2]]],
     "model.lr_gamma": [0, -0.1, NAN, INF, "0.1x"],
     "model.momentum": [-0.1, 1.0, 1.5, NAN, INF, "0.9x"],

@@ -21,7 +21,7 @@ import yaml
 from theanompi.comm import is_power_of_two
 from theanompi.errors import ConfigError
 from theanompi.models.section import ModelSection
-from theanompi.registry import Registry
+from theanompi.registry import Registry, is_reference
 from theanompi.schema import (
     AT_LEAST_1,
     DIR,
@@ -55,8 +55,11 @@ __all__ = [
     "fill_choices",
     "to_plain",
     "load_config",
+    "print_config",
     "find_config",
     "configs_dir",
+    "run_config",
+    "RUN_CONFIG",
     "check_world_size",
     "parse_override",
 ]
@@ -95,6 +98,12 @@ def _backends() -> Registry[Any]:
     from theanompi.models.ops import BACKENDS
 
     return BACKENDS
+
+
+def _loggers() -> Registry[Any]:
+    from theanompi.io.loggers import LOGGERS
+
+    return LOGGERS
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ class TrainingSection(Section):
     lr_scaling: str = key("none", choices=LR_SCALINGS)
     lr_reference_batch: int = key(256, check=AT_LEAST_1)  # the global batch lr is tuned for
     warmup_epochs: float = key(0.0, check=NON_NEGATIVE)  # ramp lr linearly over these epochs
+    # gradient accumulation: each optimiser step takes the mean gradient of K sub-batches
+    accumulate_steps: int = key(1, check=AT_LEAST_1)
     backend: str = key("c", choices=_backends)  # compiler: c (C++/BLAS) | jax (XLA, GPU-ready)
     # end the job (exit 1) naming the rank(s) a collective waited for this long (0: off)
     stall_timeout: float = key(300.0, check=NON_NEGATIVE)
@@ -165,6 +176,8 @@ class OutputSection(Section):
     checkpoint_every_minutes: float = key(0.0, check=NON_NEGATIVE)  # + every M minutes (0: off)
     keep_last: int = key(0, check=NON_NEGATIVE)  # keep the last K checkpoints (0: all)
     timeline: str = key("", check=PATH)  # Chrome trace of every rank's spans (empty: none)
+    # fed the record's step and epoch entries on rank 0: theanompi.io.loggers.LOGGERS
+    loggers: tuple[str, ...] = key((), choices=_loggers)
 
 
 #: the run config's sections, in file order
@@ -207,6 +220,18 @@ def choices(name: str) -> tuple[str, ...]:
     return tuple(found() if callable(found) else found)
 
 
+#: the resolved config a run keeps in its run dir (written by rank 0 at start)
+RUN_CONFIG = "config.yaml"
+
+
+def run_config(run_dir: str | Path | None) -> Path | None:
+    """``<run_dir>/config.yaml`` where the run keeps one: what ``tmpi eval --run-dir R`` and
+    ``tmpi train --resume --run-dir R`` rebuild the run from when given no --config or --model
+    (its model too, a user's file included, so it need not be named again)."""
+    path = Path(run_dir) / RUN_CONFIG if run_dir is not None else None
+    return path if path is not None and _is_file(path) else None
+
+
 def configs_dir() -> Path:
     """The model and run configs: ``theanompi/configs`` (in a checkout, a link to the
     repository's configs/; in an installed wheel, the shipped copies)."""
@@ -225,11 +250,20 @@ def _exists(p: Path) -> bool:
         return False
 
 
+def _is_file(p: Path) -> bool:
+    """``p.is_file()``, False where the OS refuses the name itself (too long, a NUL byte)."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def find_config(name_or_path: str | Path) -> Path:
-    """``digits`` → configs/digits.yaml; an existing path is returned as is."""
+    """``digits`` → configs/digits.yaml; a .yaml path or an existing file is returned as is
+    (a folder named like a config, ``digits/`` in the working directory, never shadows it)."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or _exists(p):
-        if not _exists(p):
+    if p.suffix in (".yaml", ".yml") or _is_file(p):
+        if not _is_file(p):
             raise ConfigError(f"config file {show(str(p))} not found; check the path")
         return p
     for cand in (Path("configs") / f"{p}.yaml", configs_dir() / f"{p}.yaml"):
@@ -289,7 +323,11 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def _model_source(name_or_path: str) -> tuple[dict[str, Any], str, str]:
     """(raw model keys, where they came from, run-dir stem) for ``training.model``: a config
-    file, or else a registered model name, built from the schema defaults."""
+    file, or else a registered model name or a ``package.module:Class`` /
+    ``path/to/file.py:Class`` reference, built from the schema defaults."""
+    if is_reference(name_or_path):  # the class itself: its run dir is named after it
+        stem = name_or_path.rpartition(":")[2]
+        return {"name": name_or_path}, f"model {name_or_path} (schema defaults)", stem
     try:
         path = find_config(name_or_path)
     except ConfigError:
@@ -309,7 +347,7 @@ def _model_source(name_or_path: str) -> tuple[dict[str, Any], str, str]:
 
 def _folder_of(where: str) -> Path | None:
     """The folder of a config file that ``where`` names (None: not a file)."""
-    return Path(where).parent if _exists(Path(where)) else None
+    return Path(where).parent if _is_file(Path(where)) else None
 
 
 def _expand(name: str, template: str, **values: str) -> str:
@@ -348,7 +386,9 @@ def load_config(
 
     ``model`` (or ``training.model``) names configs/<model>.yaml, a YAML path, or a model
     registered in :data:`theanompi.models.MODELS` without a config file: then the model
-    section is the schema defaults with ``name`` set.
+    section is the schema defaults with ``name`` set. A ``model:`` section in the run config
+    holds the model's keys itself (what :func:`print_config` writes, e.g. a run dir's
+    ``config.yaml``); ``model`` or a ``training.model`` override still name another one.
     """
     run_path = Path(path) if path is not None else configs_dir() / "config.yaml"
     if not _exists(run_path):
@@ -357,12 +397,13 @@ def load_config(
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     where = str(run_path)
     for sec in raw:
-        if sec not in SCHEMA:
+        if sec not in SCHEMA and sec != "model":
             raise ConfigError(
-                f"{where}: unknown section {show(sec)}; {suggest(str(sec), list(SCHEMA))}"
+                f"{where}: unknown section {show(sec)}; {suggest(str(sec), [*SCHEMA, 'model'])}"
             )
         if not isinstance(raw[sec], dict):
             raise ConfigError(f"{where}: section {sec!r} must be a mapping of keys")
+    embedded = raw.pop("model", None)  # the model's keys themselves (a run dir's config.yaml)
     model_over = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
     run_over = {k: v for k, v in overrides.items() if not k.startswith("model.")}
     for name, value in run_over.items():
@@ -383,8 +424,16 @@ def load_config(
             checked("--model", TrainingSection, {"model": str(model)}, "training.")
         )
 
-    mraw, model_where, stem = _model_source(given["training"].get("model", TrainingSection.model))
-    mgiven = checked(model_where, ModelSection, mraw, "model.", _folder_of(model_where))
+    named = model is not None or "training.model" in run_over  # a flag beats the file's section
+    if embedded is not None and not named:
+        model_where = f"{where} (model section)"
+        stem = Path(given["training"].get("model", TrainingSection.model)).stem
+        mgiven = checked(model_where, ModelSection, embedded, "model.", run_path.parent)
+    else:
+        mraw, model_where, stem = _model_source(
+            given["training"].get("model", TrainingSection.model)
+        )
+        mgiven = checked(model_where, ModelSection, mraw, "model.", _folder_of(model_where))
     mgiven.update(model_over)
     if not mgiven.get("name"):
         raise ConfigError(
@@ -410,6 +459,49 @@ def load_config(
     return cfg
 
 
+class _Dumper(yaml.SafeDumper):
+    """safe_dump, with a list of scalars on one line (``loggers: [csv, tensorboard]``)."""
+
+
+def _flow_list(dumper: yaml.SafeDumper, data: list[Any]) -> Any:
+    flow = not any(isinstance(v, (list, dict)) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _flow_list)
+
+#: the output keys whose ``{...}`` placeholders load_config expands (braces escaped when written)
+_EXPANDED = ("run_dir", "checkpoint_dir", "record_dir")
+
+
+def print_config(cfg: Config) -> str:
+    """``cfg`` as run-config YAML, every key, with the model's keys in a ``model:`` section,
+    so that ``load_config(file)`` of the text gives ``cfg`` back (equal ``to_dict()``); a
+    header comment names the files it came from. ``tmpi train`` writes it as
+    ``<run_dir>/config.yaml``.
+
+    >>> text = print_config(load_config(None, "digits"))
+    >>> print(text[text.index("data:") : text.index("weight_exchange:")].strip())
+    data:
+      dir: data/digits
+      file_batch_size: 128
+      image_size: 32
+      layout: c01b
+      prefetch: true
+      verify: first_read
+    """
+    data = cfg.to_dict()
+    for k in _EXPANDED:  # already expanded: a literal brace must stay one when loaded again
+        data["output"][k] = data["output"][k].replace("{", "{{").replace("}", "}}")
+    lines = ["# theanompi run config, resolved: every key; load_config(this file) gives it back"]
+    named = zip(("run config", "model"), cfg.sources, strict=False)  # sources may be ()
+    lines += [f"# {what}: {src!r}" for what, src in named]
+    parts = ["\n".join(lines) + "\n"]
+    for sec, keys in data.items():
+        parts.append(yaml.dump({sec: keys}, Dumper=_Dumper, sort_keys=False, width=10**9))
+    return "\n".join(parts)
+
+
 def _cross_check(cfg: Config) -> None:
     """Checks across keys (one key's range is checked with the key)."""
     B, b = cfg.data.file_batch_size, cfg.model.batch_size
@@ -423,6 +515,8 @@ def _cross_check(cfg: Config) -> None:
             f"model.input_size={cfg.model.input_size} exceeds data.image_size={cfg.data.image_size}; "
             "crop must fit inside the stored images"
         )
+    if cfg.training.accumulate_steps > 1:  # the rule says whether it can step on K sub-batches
+        _rules().get(cfg.weight_exchange.sync_rule).check_accumulate(cfg.training.accumulate_steps)
 
 
 def check_world_size(cfg: Config, size: int) -> None:

@@ -1,4 +1,4 @@
-"""Set PyTensor up before its first import: float32, C linker, real BLAS, per-node compile dir.
+"""PyTensor set up, before or after its first import: float32, C linker, BLAS, per-node compile dir.
 
 PyTensor's C ``Gemm``/``Gemv`` call the Fortran symbols ``sgemm_`` etc.  The
 ``scipy-openblas32`` wheel (a pip dependency) ships a full OpenBLAS whose symbols
@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from theanompi.comm import local_size_from_env
 
@@ -30,6 +31,7 @@ __all__ = [
     "CompileTurn",
     "keep_freed_memory",
     "fit_threads_to_node",
+    "thread_pools",
     "unconfigured_env",
 ]
 
@@ -170,13 +172,28 @@ def blas_ldflags() -> str:
     return f"-L{lib.parent} -l{libname} -Wl,-rpath,{lib.parent} {macros}".strip()
 
 
+def thread_pools() -> list[dict[str, Any]]:
+    """The thread pools loaded in this process (BLAS, OpenMP), as ``threadpoolctl`` reports
+    them: ``internal_api`` (the library: openblas, openmp, mkl), ``user_api`` (blas,
+    openmp), ``version``, ``num_threads``, ``filepath``, ..."""
+    from threadpoolctl import threadpool_info
+
+    return list(threadpool_info())
+
+
 def blas_info() -> dict[str, str]:
-    """What BLAS PyTensor links, for ``tmpi info``."""
+    """What BLAS PyTensor links, for ``tmpi info``: its threads as ``threadpoolctl`` reports
+    them once it is loaded, else what it will start with."""
     lib = _openblas_library()
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    if lib is not None:
+        for pool in thread_pools():
+            if Path(pool.get("filepath", "")).resolve() == lib.resolve():
+                threads = str(pool["num_threads"])
     return {
         "library": str(lib) if lib else "none (PyTensor falls back to numpy)",
         "ldflags": (blas_ldflags()[:120] + " ...") if blas_ldflags() else "",
-        "threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+        "threads": threads,
     }
 
 
@@ -222,7 +239,9 @@ def fit_threads_to_node(local_size: int) -> int:
     :func:`configure` guessed from the launcher's environment before MPI started; this
     corrects the guess where that environment lacked or misstated it (srun, other MPIs).
     Threads the user set (``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS``) are left alone.
-    Returns the threads per rank now in force.
+    The pools already loaded (every BLAS: the one PyTensor links and numpy's own; OpenMP's
+    runtime once a C Op loaded it) are set through ``threadpoolctl``, those loaded later read
+    the environment. Returns the threads per rank now in force.
     """
     n = max(1, _node_cores() // max(1, local_size))
     ours = [v for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if _BEFORE.get(v, "") is None]
@@ -230,24 +249,26 @@ def fit_threads_to_node(local_size: int) -> int:
         return int(os.environ.get("OPENBLAS_NUM_THREADS", "0") or 0) or n
     for var in ours:
         os.environ[var] = str(n)  # OpenMP reads it when its runtime loads (the first C Op)
-    lib = _openblas_library()
-    if lib is not None:
-        import ctypes
+    from threadpoolctl import threadpool_limits
 
-        prefix = "scipy_" if blas_symbol_prefix() else ""
-        setter = getattr(ctypes.CDLL(str(lib)), f"{prefix}openblas_set_num_threads", None)
-        if setter is not None:
-            setter(n)
+    threadpool_limits(limits=n, user_api="blas")
+    if "OMP_NUM_THREADS" in ours:
+        threadpool_limits(limits=n, user_api="openmp")
     return n
 
 
 def configure(*, blas_threads: int | None = None) -> None:
-    """Configure PyTensor for this process; call before ``import pytensor``.
+    """Configure PyTensor for this process, before or after ``import pytensor``.
 
-    User settings in ``PYTENSOR_FLAGS`` win over ours. The compile dir is per node
-    (:func:`compile_dir`), shared by the node's ranks: PyTensor's lock keeps them from
-    corrupting it and :class:`CompileTurn` from compiling the same code twice.
-    BLAS threads default to cores / ranks-on-this-node, at least 1.
+    User settings in ``PYTENSOR_FLAGS`` (and, for an imported PyTensor, its ``.pytensorrc``)
+    win over ours. The compile dir is per node (:func:`compile_dir`), shared by the node's
+    ranks: PyTensor's lock keeps them from corrupting it and :class:`CompileTurn` from
+    compiling the same code twice. BLAS threads default to cores / ranks-on-this-node, at
+    least 1.
+
+    Before PyTensor's first import our settings go into ``PYTENSOR_FLAGS``; once it is
+    imported they are set on ``pytensor.config`` instead (:func:`_apply_to_imported`), so
+    that both orders give the same float type, linker, OpenMP and compile dir.
     """
     global _configured
     if _configured:
@@ -275,12 +296,66 @@ def configure(*, blas_threads: int | None = None) -> None:
     merged = [f"{k}={v}" for k, v in ours.items() if k not in user_keys]
     if user:
         merged.append(user)
-    if "pytensor" not in sys.modules:
+    imported = "pytensor" in sys.modules
+    if not imported:
         _set_env("PYTENSOR_FLAGS", ",".join(merged))
 
     keep_freed_memory()
     import pytensor
 
+    if imported:
+        _apply_to_imported(pytensor.config, ours, user_keys)
+
     if "blas__ldflags" not in user_keys and not os.environ.get("PYTENSORRC"):
         pytensor.config.blas__ldflags = blas_ldflags()
     _configured = True
+
+
+def _apply_to_imported(config: Any, ours: dict[str, str], user_keys: set[str]) -> None:
+    """Our settings on an already imported PyTensor, as ``PYTENSOR_FLAGS`` would have made them.
+
+    A key the user set (``PYTENSOR_FLAGS`` or ``.pytensorrc``) is left alone. ``floatX``,
+    ``linker``, ``mode`` and ``openmp`` may change at run time; the Ops PyTensor created on
+    import (``pt.add``'s ``Elemwise``, ...) read ``openmp`` then, so they get ours too.
+    ``base_compiledir`` is fixed once read (on import), but ``compiledir`` is only fixed once
+    something compiles: until then it is set to the folder the other order gives (ours, with
+    PyTensor's own subfolder name); after a compile it stays PyTensor's, with a warning.
+    """
+    params = config._config_var_dict  # PyTensor 3: name -> ConfigParam
+
+    def user_set(key: str) -> bool:
+        param = params.get(key)
+        return key in user_keys or (param is not None and not param.is_default)
+
+    for key, value in ours.items():
+        if key != "base_compiledir" and key in params and not user_set(key):
+            setattr(config, key, value)
+    if config.openmp and not user_set("openmp"):
+        _openmp_on_existing_ops()
+    if user_set("base_compiledir") or user_set("compiledir"):
+        return
+    from pytensor.configdefaults import _default_compiledir
+
+    target = Path(ours["base_compiledir"]) / _default_compiledir().name
+    if not hasattr(params["compiledir"], "val"):  # not read yet: nothing compiled
+        config.compiledir = target
+    elif Path(config.compiledir) != target.resolve():
+        import warnings
+
+        warnings.warn(
+            f"PyTensor compiled before theanompi set it up: its compile cache stays "
+            f"{config.compiledir} (not {target}); import theanompi before compiling",
+            stacklevel=3,
+        )
+
+
+def _openmp_on_existing_ops() -> None:
+    """``openmp=True`` on the OpenMP-capable Ops that exist already: those PyTensor made on
+    import with its default ``openmp=False`` (the other order makes them with ours)."""
+    import gc
+
+    from pytensor.link.c.op import OpenMPOp
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), OpenMPOp) and not obj.openmp:
+            obj.openmp = True

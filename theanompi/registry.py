@@ -13,13 +13,13 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from theanompi.errors import ConfigError
 
-__all__ = ["Registry", "is_reference", "load_object"]
+__all__ = ["Registry", "is_reference", "load_object", "source_of", "source_changed"]
 
 T = TypeVar("T")
 
@@ -89,6 +89,35 @@ def load_object(ref: str, base: Path | None = None) -> Any:
     return obj
 
 
+def source_of(ref: str) -> dict[str, str] | None:
+    """``{"file", "sha256"}`` of the source file a reference's class lives in (None for a
+    registered name: our own code), so a checkpoint can say which file it was trained with."""
+    if not is_reference(ref):
+        return None
+    module = sys.modules.get(getattr(load_object(ref), "__module__", ""), None)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    try:
+        return {"file": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+    except OSError:
+        return None
+
+
+def source_changed(stored: Any, ref: str) -> str | None:
+    """One line when the file a checkpoint's class came from (``stored``, as
+    :func:`source_of` gave it then) differs now; None when unchanged or unknown."""
+    if not isinstance(stored, dict) or "sha256" not in stored:
+        return None
+    now = source_of(ref)
+    if now is not None and now.get("sha256") == stored["sha256"]:
+        return None
+    where = stored.get("file", "?")
+    return f"model source {where} changed since this checkpoint was written (sha256 " + (
+        f"{stored['sha256'][:12]} then, {now['sha256'][:12]} now)" if now else "unknown now)"
+    )
+
+
 class Registry(Generic[T]):
     """Names of one kind of component, each resolved to its object on first use.
 
@@ -98,6 +127,9 @@ class Registry(Generic[T]):
         What the names name, for messages ("model", "sync rule", ...).
     entries : dict
         ``name -> "module:attr"`` (imported when resolved) or the object itself.
+    check : callable, optional
+        ``check(obj)`` says why a resolved object cannot serve (a user's class that is not a
+        model, say), or returns None; its reason becomes the one ``ConfigError`` line.
 
     Examples
     --------
@@ -112,8 +144,14 @@ class Registry(Generic[T]):
     [1]
     """
 
-    def __init__(self, kind: str, entries: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        entries: dict[str, Any] | None = None,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> None:
         self.kind = kind
+        self._check = check
         self._entries: dict[str, Any] = dict(entries or {})
 
     def register(self, name: str, target: Any = None) -> Any:
@@ -170,6 +208,9 @@ class Registry(Generic[T]):
             obj = load_object(ref, base)
         else:
             raise ConfigError(self._unknown(ref))
+        why = self._check(obj) if self._check is not None else None
+        if why:
+            raise ConfigError(f"{ref!r}: {why}")
         return obj
 
     def _unknown(self, ref: Any) -> str:

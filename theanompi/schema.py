@@ -210,13 +210,33 @@ def _check_choice(where: str, name: str, valid: Any, value: Any, base: Path | No
     return value
 
 
+def _check_choices(
+    where: str, name: str, valid: Any, value: Any, base: Path | None
+) -> tuple[str, ...]:
+    """A list of choices, e.g. ``output.loggers: [csv, tensorboard]``: each item checked as
+    :func:`_check_choice` does, none twice (a tuple: a value checked before passes again)."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            f"{where}: {name} must be a list, got {show(value)} ({type(value).__name__}); "
+            f"write e.g. [{', '.join(list(valid)[:2])}], or [] for none"
+        )
+    items = tuple(_check_choice(where, name, valid, v, base) for v in value)
+    twice = next((v for i, v in enumerate(items) if v in items[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{where}: {name} lists {show(twice)} twice; name it once")
+    return items
+
+
 def _check_value(
     where: str, name: str, f: Field[Any], hint: Any, value: Any, base: Path | None
 ) -> Any:
     valid = f.metadata.get("choices")
-    if valid is not None:
-        return _check_choice(where, name, valid() if callable(valid) else valid, value, base)
     kind = _yaml_type(hint)
+    if valid is not None:
+        valid = valid() if callable(valid) else valid
+        if kind is list:  # a list of choices (tuple[str, ...]): each item one of them, once
+            return _check_choices(where, name, valid, value, base)
+        return _check_choice(where, name, valid, value, base)
     if kind is float:
         value = _as_float(value)
     if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):

@@ -183,3 +183,75 @@ def test_model_names_are_accepted(cli, model: list[str]) -> None:
 def test_unknown_model_is_one_line(cli) -> None:
     line = one_line_error(cli("train", "--model", "vggnet"))
     assert "no model config 'vggnet'" in line and "vgg16" in line and "googlenet" in line
+
+
+def _panels(text: str) -> dict[str, str]:
+    """``{title: its rows}`` of typer's rich help (the boxes ``╭─ Title ─...╮``)."""
+    panels: dict[str, str] = {}
+    title = None
+    for line in text.splitlines():
+        if line.startswith("╭─ "):
+            title = line[3:].split(" ─")[0]
+            panels[title] = ""
+        elif line.startswith("╰"):
+            title = None
+        elif title is not None:
+            panels[title] += line + "\n"
+    return panels
+
+
+def test_train_help_shows_the_settings_groups_as_panels(cli) -> None:
+    """One panel per TrainSettings group, in its order, and each flag in its group's panel."""
+    import typer
+
+    from theanompi.cli import app
+    from theanompi.cli.train import TrainSettings
+
+    text = cli("train", "--help", env={"COLUMNS": "200"}).stdout
+    panels = _panels(text)
+    groups = TrainSettings.panels()
+    assert list(panels) == ["Options", *groups], list(panels)
+    assert list(groups) == ["Launch", "Exchange", "Data", "Schedule", "Output", "Reliability"]
+    command = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
+    for param in command.params:
+        group = next((g for g, names in groups.items() if param.name in names), "Options")
+        assert (param.rich_help_panel or "Options") == group, (param.name, group)
+        assert param.opts[0] in panels[group], (param.opts[0], group)
+    for flag in ("--np", "--hostfile", "--host", "-H", "--mpi-args", "--backend"):
+        assert flag in panels["Launch"], flag
+    assert "--print-config" in panels["Options"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["eval"], ["prep", "all"], ["prep", "scan"], ["prep", "batch"], ["prep", "mean"],
+     ["prep", "verify"]],
+)  # fmt: skip
+def test_every_command_with_n_lists_the_placement_flags(cli, command: list[str]) -> None:
+    panels = _panels(cli(*command, "--help", env={"COLUMNS": "200"}).stdout)
+    for flag in ("--np", "--hostfile", "--host", "-H", "--mpi-args", "THEANOMPI_HOSTFILE"):
+        assert flag in panels["Launch"], (command, flag)
+    general = ["--config", "--model", "--set", "--help"] if command == ["eval"] else ["--help"]
+    rows = [row.split()[1] for row in panels["Options"].splitlines() if row.startswith("│ -")]
+    assert rows == general, rows
+
+
+def test_print_config_round_trips_through_load_config(cli, tmp_path: Path) -> None:
+    """``--print-config`` prints every key (flags and --set applied) and starts nothing, even
+    with -n; ``load_config`` of the text gives the same config, and printing that again gives
+    the same keys."""
+    from theanompi.config import load_config
+
+    flags = ["--model", MODEL_YAML, "--strategy", "asa16", "--set", "model.n_epochs=7"]
+    out = cli("train", "-n", "2", *flags, "--print-config")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(out.stdout)
+    want = load_config(
+        None, MODEL_YAML, {"weight_exchange.exch_strategy": "asa16"} | {"model.n_epochs": 7}
+    )
+    assert load_config(printed).to_dict() == want.to_dict()
+    again = cli("train", "--config", str(printed), "--print-config")
+    assert again.returncode == 0, again.stderr
+    body = [ln for ln in again.stdout.splitlines() if not ln.startswith("#")]
+    assert body == [ln for ln in out.stdout.splitlines() if not ln.startswith("#")]

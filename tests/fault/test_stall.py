@@ -52,7 +52,8 @@ def _stall(data: Path, run: Path, n: int, victim: int, *extra: str):
 def test_a_stopped_rank_ends_the_job_naming_it(
     data: Path, tmp_path: Path, n: int, victim: int, rule: str
 ) -> None:
-    out, left = _stall(data, tmp_path / "r", n, victim, "--rule", rule)
+    run = tmp_path / "r"
+    out, left = _stall(data, run, n, victim, "--rule", rule)
     assert out.returncode == 1, (out.returncode, out.stderr[-3000:])
     assert out.seconds < TIMEOUT + SLACK, (out.seconds, out.stderr[-3000:])
     lines = [ln for ln in out.stderr.splitlines() if "stall:" in ln]
@@ -70,6 +71,13 @@ def test_a_stopped_rank_ends_the_job_naming_it(
     assert f"rank {victim} (" in lines[0] and lines[0].count("(") == 2, lines[0]  # only it
     warn = [ln for ln in out.stderr.splitlines() if "tmpi: warning:" in ln and "waited" in ln]
     assert len(warn) == 1 and f"for rank {victim} (" in warn[0], out.stderr[-3000:]
+    # every live rank left its stack (the stopped one cannot: no file); the line names them
+    stacks, live = run / "stacks", [r for r in range(n) if r != victim]
+    assert lines[0].endswith(f"; Python stacks of the live ranks in {stacks}{os.sep}"), lines[0]
+    assert sorted(p.name for p in stacks.iterdir()) == [f"rank-{r}.txt" for r in live]
+    for r in live:
+        text = (stacks / f"rank-{r}.txt").read_text()
+        assert re.search(r"trainer\.py\", line \d+ in fit\n", text), text
     assert not left, f"processes left behind: {left}"
 
 

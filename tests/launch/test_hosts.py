@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from theanompi.errors import ConfigError
 from theanompi.launch.hosts import (
+    PLACEMENT_FLAGS,
     Placement,
     expand_slurm_nodelist,
     parse_host_list,
@@ -16,6 +19,7 @@ from theanompi.launch.hosts import (
     split_placement_flags,
 )
 from theanompi.launch.mpirun import mpirun_command
+from theanompi.launch.testing import REPO
 
 
 def test_host_list_and_hostfile(tmp_path: Path) -> None:
@@ -99,4 +103,36 @@ def test_cli_too_many_ranks_for_the_hosts_is_one_line(cli, tmp_path: Path) -> No
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         f"tmpi: error: -n 2 but --hostfile {f} gives 1 slots (nodea:1); lower -n or add slots"
+    ]
+
+
+def test_placement_from_flags_overrides_the_environment(tmp_path: Path) -> None:
+    f = tmp_path / "hosts"
+    f.write_text("a slots=2\n")
+    env = {"THEANOMPI_HOSTS": "b:1", "THEANOMPI_MPI_ARGS": "--mca x 1"}
+    assert Placement.from_flags(env=env).hosts == (("b", 1),)
+    p = Placement.from_flags(hostfile=str(f), env={"THEANOMPI_MPI_ARGS": "--mca x 1"})
+    assert p.hosts == (("a", 2),) and p.mpi_args == ("--mca", "x", "1")
+    assert Placement.from_flags(hosts="c:3", mpi_args="", env=env).mpi_args == ()
+    names = {name for flag in PLACEMENT_FLAGS.values() for name in flag.names}
+    assert names == {"--hostfile", "-H", "--host", "--mpi-args"}
+
+
+def test_placement_flags_work_before_the_subcommand_and_parsed_by_typer(
+    cli, tmp_path: Path
+) -> None:
+    """``tmpi --hostfile F eval -n 2`` (taken off the line before typer) and ``python -m
+    prep.cli mean -n 2 -H a:1`` (typer's own option, no ``tmpi`` in front) reach mpirun alike."""
+    f = tmp_path / "hosts"
+    f.write_text("nodea slots=1\n")
+    out = cli("--hostfile", str(f), "eval", "-n", "2", "--data", str(tmp_path), timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert f"-n 2 but --hostfile {f} gives 1 slots" in out.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "prep.cli", "mean", "--out", str(tmp_path), "-n", "2", "-H", "a:1"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "tmpi: error: -n 2 but -H gives 1 slots (a:1); lower -n or add slots"
     ]

@@ -114,7 +114,9 @@ def test_jax_max_pool_ties_pick_the_first_maximum(ceil_mode):
 def test_unknown_backend_is_a_config_error():
     from theanompi.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown backend 'cuda'; choose from c, jax"):
+    with pytest.raises(
+        ConfigError, match="unknown backend 'cuda'; choose from 'c', 'jax', or give"
+    ):
         compile_mode("cuda")
 
 

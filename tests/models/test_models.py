@@ -118,7 +118,10 @@ def test_customized_yaml_builds_its_mlp(tmp_path):
 
 
 def test_factory_errors():
-    with pytest.raises(ConfigError, match="unknown model 'resnet'; choose from alexnet, googlenet"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown model 'resnet' \(did you mean 'resnet50'\?\); choose from 'alexnet', 'googlenet'",
+    ):
         create_model({"name": "resnet"})
     with pytest.raises(ConfigError, match="has no 'name'"):
         create_model({"input_size": 28})

@@ -181,7 +181,7 @@ def test_disk_full_is_one_line_and_leaves_no_half_file(fx, cli, small_disk: Path
     out = small_disk / "o"
     big = ["--batch-size", "4", "--size", "64", "-n", str(ranks)]
     proc = cli("prep", "all", "--src", str(small_disk.parent / "src"), "--out", str(out), *big)
-    progress = re.compile(r"^prep \w+: \d+/\d+ images, [\d,]+ img/s\s*$")
+    progress = re.compile(r"^prep \w+: \d+/\d+ images \(\d+%\), [\d,]+ img/s, ETA \S+\s*$")
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not progress.match(ln)]
     if ranks > 1:  # mpirun may add its own "exited with non-zero status" box: not ours
         assert "Traceback" not in proc.stderr, proc.stderr

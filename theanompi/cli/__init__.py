@@ -11,6 +11,7 @@ from theanompi.cli.bench import app as bench_app
 from theanompi.cli.eval import app as eval_app
 from theanompi.cli.info import app as info_app
 from theanompi.cli.plot import app as plot_app
+from theanompi.cli.run import app as run_app
 from theanompi.cli.train import app as train_app
 from theanompi.errors import ConfigError, UserError
 
@@ -22,7 +23,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _commands in (train_app, eval_app, plot_app, info_app):  # unnamed: their commands join app
+for _commands in (train_app, eval_app, run_app, plot_app, info_app):  # unnamed: they join app
     app.add_typer(_commands)
 app.add_typer(bench_app, name="bench")
 

@@ -1,29 +1,53 @@
-"""What the ``tmpi`` commands share: option types, the registry-aware help, the ``-n``
-relaunch, MPI start-up, ``--set`` overrides and the placement flags."""
+"""What the ``tmpi`` commands share: option types, help panels, the registry-aware help, the
+``-n`` relaunch and the checks before it, MPI start-up, ``--set`` overrides and the placement
+flags."""
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand
 
 from theanompi.comm import under_mpirun
 from theanompi.errors import ConfigError
+from theanompi.launch.hosts import PLACEMENT_FLAGS
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the help panel of the options that say how many ranks run where (every command with -n)
+LAUNCH = "Launch"
 
 NProcs = Annotated[
     int | None,
     typer.Option(
         "-n",
         "--np",
-        help="Launch this many MPI ranks with mpirun (omit under mpirun). Across machines add "
-        "--hostfile FILE or -H host1:slots,host2:slots, and --mpi-args '...' for mpirun; "
-        "inside a Slurm allocation -n alone uses it.",
+        help="Launch this many MPI ranks with mpirun (omit under mpirun); across machines add "
+        "--hostfile or -H; inside a Slurm allocation -n alone uses it.",
+        rich_help_panel=LAUNCH,
     ),
 ]
+
+
+def _placement_option(name: str) -> Any:
+    """The option of :data:`~theanompi.launch.hosts.PLACEMENT_FLAGS` ``name``; its value
+    also comes from its variable, where ``tmpi`` puts the flag given anywhere on the line."""
+    flag = PLACEMENT_FLAGS[name]
+    return typer.Option(
+        *flag.names, envvar=flag.env, metavar=flag.metavar, help=flag.help, rich_help_panel=LAUNCH
+    )
+
+
+Hostfile = Annotated[str | None, _placement_option("hostfile")]
+Hosts = Annotated[str | None, _placement_option("hosts")]
+MpiArgs = Annotated[str | None, _placement_option("mpi_args")]
 ConfigPath = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="Run config YAML (default: configs/config.yaml)."),
@@ -63,20 +87,68 @@ class _RegistryHelp(TyperCommand):
         super().format_help(ctx, formatter)
 
 
-def _relaunch_if_asked(n: int | None, max_restarts: int = 0, output: Any = None) -> None:
+def in_panels(command: F, panels: Mapping[str, Iterable[str]]) -> F:
+    """Put the options of ``command`` in help panels: ``{panel: [parameter names]}``.
+
+    Each named parameter's ``typer.Option`` is copied with its ``rich_help_panel`` set, so
+    an option type shared by several commands can sit in another panel elsewhere; the rest
+    stay in the "Options" panel. Panels are listed in the order of their first parameter.
+    """
+    hints = typing.get_type_hints(command, include_extras=True)
+    for panel, names in panels.items():
+        for name in names:
+            base, info = typing.get_args(hints[name])  # Annotated[type, typer.Option(...)]
+            info = copy.copy(info)
+            info.rich_help_panel = panel
+            command.__annotations__[name] = Annotated[base, info]
+    return command
+
+
+def _relaunch_if_asked(
+    n: int | None,
+    hostfile: str | None = None,
+    hosts: str | None = None,
+    mpi_args: str | None = None,
+    *,
+    max_restarts: int = 0,
+    output: Any = None,
+    before: Callable[[Any], None] | None = None,
+) -> None:
     """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code.
 
-    ``max_restarts`` relaunches a failed run from the latest checkpoint of ``output`` (the
-    config's ``output`` section: its checkpoint and record dirs)."""
+    The placement (``--hostfile``, ``-H``, ``--mpi-args``; a Slurm allocation) is checked
+    against ``n`` first, then ``before(placement)`` runs the checks that need no rank, so
+    that a refusal is one line and nothing else (no mpirun banner). ``max_restarts``
+    relaunches a failed run from the latest checkpoint of ``output`` (the config's
+    ``output`` section: its checkpoint and record dirs)."""
     if n is None or under_mpirun():
         return
-    from theanompi.launch.mpirun import relaunch
+    from theanompi.launch.hosts import Placement
+    from theanompi.launch.mpirun import mpirun_command, relaunch
 
-    argv = sys.argv[1:]
+    placement = Placement.from_flags(hostfile, hosts, mpi_args)
+    mpirun_command(n, [], placement)  # -n < 1, more ranks than the hosts' slots: one line
+    if before is not None:
+        before(placement)
     dirs = {}
     if output is not None:
         dirs = {"checkpoint_dir": output.checkpoint_dir, "record_dir": output.record_dir}
-    raise typer.Exit(relaunch(n, argv, max_restarts=max_restarts, **dirs))
+    argv = sys.argv[1:]
+    raise typer.Exit(relaunch(n, argv, placement=placement, max_restarts=max_restarts, **dirs))
+
+
+def _check_data(cfg: Any, splits: Iterable[str], placement: Any) -> None:
+    """The launcher's data check: the prep output ``data.dir`` is there and fits the config
+    (every check :class:`~theanompi.data.loader.DataSet` makes when it opens a split: exit 3
+    for missing or bad data, 2 for a config that does not fit it). Across hosts a folder
+    missing here is left to the nodes' own check at start-up."""
+    from theanompi.data.loader import DataSet
+    from theanompi.io.dataset import MANIFEST
+
+    if placement.hosts and not (Path(cfg.data.dir) / MANIFEST).exists():
+        return
+    for split in splits:
+        DataSet(cfg, split)
 
 
 def _start(n_expected: int | None) -> None:
@@ -114,8 +186,10 @@ def _overrides(sets: list[str] | tuple[str, ...] | None, **flags: Any) -> dict[s
 
 
 def _take_placement_flags() -> None:
-    """Move ``--hostfile``/``-H``/``--mpi-args`` (any command with ``-n``) out of the command
-    line into the launcher's environment variables (:class:`theanompi.launch.hosts.Placement`)."""
+    """Move ``--hostfile``/``-H``/``--mpi-args`` out of the command line, from anywhere on it,
+    into their environment variables: the options of the commands with ``-n`` read them from
+    there (``envvar``), and so does ``tmpi bench``'s launcher, whose commands hand their
+    arguments on (:class:`theanompi.launch.hosts.Placement`)."""
     from theanompi.launch.hosts import split_placement_flags
 
     found, rest = split_placement_flags(sys.argv[1:])

@@ -8,15 +8,22 @@ from typing import Annotated
 import typer
 
 from theanompi.cli._options import (
+    LAUNCH,
     ConfigPath,
     DataDir,
+    Hostfile,
+    Hosts,
     ModelName,
+    MpiArgs,
     NProcs,
     RunDir,
     SetKeys,
+    _check_data,
     _overrides,
+    _RegistryHelp,
     _relaunch_if_asked,
     _start,
+    in_panels,
 )
 
 __all__ = ["app", "evaluate"]
@@ -25,7 +32,7 @@ app = typer.Typer()
 
 Checkpoint = Annotated[
     Path | None,
-    typer.Option("--checkpoint", help="Checkpoint file [default: latest in the run dir]."),
+    typer.Option("--checkpoint", help="Checkpoint file (default: the latest in the run dir)."),
 ]
 PerClass = Annotated[
     bool, typer.Option("--per-class", help="Add per-class accuracy with synset names.")
@@ -39,21 +46,29 @@ Backend = Annotated[
 ]
 
 
-@app.command("eval")
 def evaluate(
-    n: NProcs = None,
     config: ConfigPath = None,
     model: ModelName = None,
+    sets: SetKeys = None,
+    n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
+    backend: Backend = None,
     data: DataDir = None,
     run_dir: RunDir = None,
     checkpoint: Checkpoint = None,
     per_class: PerClass = False,
     save_predictions: SavePredictions = False,
-    backend: Backend = None,
-    sets: SetKeys = None,
 ) -> None:
-    """Validate a checkpoint: top-1 and top-5 error, loss, images/s (identical for any -n)."""
-    from theanompi.config import load_config
+    """Validate a checkpoint: top-1 and top-5 error, loss, images/s (identical for any -n).
+
+    --run-dir alone evaluates that run as it was trained (its config.yaml: model and data).
+    """
+    from theanompi.config import load_config, run_config
+
+    if config is None and model is None:
+        config = run_config(run_dir)
 
     over = _overrides(
         sets,
@@ -64,8 +79,18 @@ def evaluate(
         },
     )
     cfg = load_config(config, model, over)  # validate before starting any MPI job
-    _relaunch_if_asked(n)
+    _relaunch_if_asked(
+        n, hostfile, hosts, mpi_args, before=lambda placement: _check_data(cfg, ("val",), placement)
+    )
     _start(n)
     from theanompi.train.evaluate import run
 
     run(cfg, checkpoint=checkpoint, per_class=per_class, save_predictions=save_predictions)
+
+
+_PANELS = {
+    LAUNCH: ["n", "hostfile", "hosts", "mpi_args", "backend"],
+    "Data": ["data"],
+    "Output": ["run_dir", "checkpoint", "per_class", "save_predictions"],
+}
+app.command("eval", cls=_RegistryHelp)(in_panels(evaluate, _PANELS))

@@ -14,8 +14,9 @@ app = typer.Typer()
 
 @app.command()
 def info() -> None:
-    """Print versions of MPI, mpi4py, PyTensor, numpy, the BLAS PyTensor links, and the device."""
-    from theanompi.pytensor_env import blas_info, configure
+    """Print versions of MPI, mpi4py, PyTensor, numpy, the BLAS PyTensor links, the thread
+    pools loaded (BLAS, OpenMP: library, api, version, threads, file), and the device."""
+    from theanompi.pytensor_env import blas_info, configure, thread_pools
 
     configure()
     import mpi4py
@@ -43,11 +44,20 @@ def info() -> None:
         ("blas threads", blas["threads"]),
         ("blas ldflags", blas["ldflags"] or "(none)"),
     ]
+    rows += [("thread pool", _pool(pool)) for pool in thread_pools()] or [("thread pool", "none")]
     rows.append(("device", _device()))
     if MPI.COMM_WORLD.Get_rank() == 0:
         width = max(len(k) for k, _ in rows)
         for key, value in rows:
             typer.echo(f"{key:<{width}}  {value}")
+
+
+def _pool(pool: dict[str, object]) -> str:
+    """One thread pool, e.g. ``openblas (blas) 0.3.34, 1 thread(s): /path/libscipy_openblas.so``."""
+    return (
+        f"{pool.get('internal_api')} ({pool.get('user_api')}) {pool.get('version') or '?'}, "
+        f"{pool.get('num_threads')} thread(s): {pool.get('filepath')}"
+    )
 
 
 def _device() -> str:

@@ -12,14 +12,19 @@ import typer
 from theanompi.cli._options import (
     ConfigPath,
     DataDir,
+    Hostfile,
+    Hosts,
     ModelName,
+    MpiArgs,
     NProcs,
     RunDir,
     SetKeys,
+    _check_data,
     _overrides,
     _RegistryHelp,
     _relaunch_if_asked,
     _start,
+    in_panels,
 )
 from theanompi.comm import under_mpirun
 from theanompi.errors import ConfigError
@@ -113,6 +118,14 @@ VerifyData = Annotated[
         "(data.verify=all; by default each batch is checked when first read).",
     ),
 ]
+PrintConfig = Annotated[
+    bool,
+    typer.Option(
+        "--print-config",
+        help="Print the resolved config (every key, flags and --set applied) as YAML and "
+        "exit; `tmpi train --config FILE` takes it back.",
+    ),
+]
 MaxRestarts = Annotated[
     int,
     typer.Option(
@@ -123,11 +136,15 @@ MaxRestarts = Annotated[
 ]
 
 
+# The groups below are the panels of `tmpi train --help` (the class name is the title).
 @dataclass(frozen=True)
 class Launch:
-    """How many ranks and what compiles their steps."""
+    """How many ranks, where they run, and what compiles their steps."""
 
     n: int | None = None
+    hostfile: str | None = None
+    hosts: str | None = None
+    mpi_args: str | None = None
     backend: str | None = None
 
 
@@ -222,6 +239,7 @@ class TrainSettings:
     config: Path | None = None
     model: str | None = None
     sets: tuple[str, ...] = ()
+    print_config: bool = False
     launch: Launch = Launch()
     exchange: Exchange = Exchange()
     data: Data = Data()
@@ -241,6 +259,15 @@ class TrainSettings:
         sets = tuple(flags.pop("sets") or ())
         return cls(sets=sets, **groups, **flags)  # a parameter in no group is refused here
 
+    @classmethod
+    def panels(cls) -> dict[str, list[str]]:
+        """``{group class name: its fields}``: the help panels of ``tmpi train``'s options."""
+        return {
+            type(f.default).__name__: [g.name for g in fields(f.default)]
+            for f in fields(cls)
+            if is_dataclass(f.default)
+        }
+
     def overrides(self) -> dict[str, Any]:
         """``section.key -> value`` for :func:`~theanompi.config.load_config`: the flags
         (``None``: not given) by :data:`_CONFIG_KEYS`, then each ``--set``."""
@@ -256,35 +283,38 @@ class TrainSettings:
         return _overrides(self.sets, **flags)
 
 
-@app.command(cls=_RegistryHelp)
 def train(
-    n: NProcs = None,
     config: ConfigPath = None,
     model: ModelName = None,
+    print_config: PrintConfig = False,
+    sets: SetKeys = None,
+    n: NProcs = None,
+    hostfile: Hostfile = None,
+    hosts: Hosts = None,
+    mpi_args: MpiArgs = None,
+    backend: Backend = None,
     rule: Rule = None,
     strategy: Strategy = None,
     compression: Compression = None,
     sync_type: SyncType = None,
+    avg_freq: AvgFreq = None,
+    gossip_p: GossipP = None,
     data_dir: DataDir = None,
-    run_dir: RunDir = None,
+    verify_data: VerifyData = False,
+    seed: Seed = None,
+    deterministic: Deterministic = False,
     epochs: Epochs = None,
     batch_size: BatchSize = None,
     lr: Lr = None,
-    seed: Seed = None,
-    max_steps: MaxSteps = None,
-    avg_freq: AvgFreq = None,
-    gossip_p: GossipP = None,
     lr_scaling: LrScaling = None,
     warmup_epochs: WarmupEpochs = None,
-    backend: Backend = None,
+    max_steps: MaxSteps = None,
+    run_dir: RunDir = None,
     timeline: Timeline = None,
-    stall_timeout: StallTimeout = None,
-    deterministic: Deterministic = False,
     resume: Resume = False,
     overwrite: Overwrite = False,
-    verify_data: VerifyData = False,
+    stall_timeout: StallTimeout = None,
     max_restarts: MaxRestarts = 0,
-    sets: SetKeys = None,
 ) -> None:
     """Train a model with a sync rule. -n counts every rank, a rule's server included.
 
@@ -294,11 +324,21 @@ def train(
     run_training(TrainSettings.from_flags(locals()))  # locals(): just the parameters, here
 
 
-def run_training(s: TrainSettings) -> None:
-    """Validate the config, relaunch under mpirun for ``-n``, start MPI and train."""
-    from theanompi.config import check_world_size, load_config
+app.command(cls=_RegistryHelp)(in_panels(train, TrainSettings.panels()))
 
-    cfg = load_config(s.config, s.model, s.overrides())  # validate before starting any MPI job
+
+def run_training(s: TrainSettings) -> None:
+    """Validate the config, relaunch under mpirun for ``-n`` (after the checks that need no
+    rank), start MPI and train."""
+    from theanompi.config import check_world_size, load_config, run_config
+
+    config = s.config
+    if s.output.resume and config is None and s.model is None:  # the run as it was trained
+        config = run_config(s.output.run_dir)
+    cfg = load_config(config, s.model, s.overrides())  # validate before starting any MPI job
+    if s.print_config:
+        _print_config(cfg)
+        return
     n, max_restarts = s.launch.n, s.reliability.max_restarts
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
@@ -306,7 +346,16 @@ def run_training(s: TrainSettings) -> None:
         raise ConfigError("--max-restarts needs -n N (the launcher restarts mpirun); drop it")
     if n is not None and not under_mpirun():
         check_world_size(cfg, n)
-    _relaunch_if_asked(n, max_restarts, cfg.output)
+    launch = s.launch
+    _relaunch_if_asked(
+        n,
+        launch.hostfile,
+        launch.hosts,
+        launch.mpi_args,
+        max_restarts=max_restarts,
+        output=cfg.output,
+        before=lambda placement: _check_before_launch(cfg, s.output, placement),
+    )
     _start(n)
     from theanompi.comm import world
 
@@ -318,3 +367,23 @@ def run_training(s: TrainSettings) -> None:
         summary = run(cfg, resume=s.output.resume, overwrite=s.output.overwrite)
     if summary["interrupted"]:  # stopped at a step boundary; checkpoints valid
         raise typer.Exit(130)
+
+
+def _print_config(cfg: Any) -> None:
+    """``--print-config``: the resolved config as YAML on stdout (rank 0 only under mpirun)."""
+    from theanompi.comm import rank_from_env
+    from theanompi.config import print_config
+
+    if rank_from_env() == 0:
+        print(print_config(cfg), end="", flush=True)
+
+
+def _check_before_launch(cfg: Any, output: Output, placement: Any) -> None:
+    """What ``-n N`` checks before mpirun starts (the job checks it again: ``mpirun -n N tmpi
+    train`` has no launcher): the run dir's refusals, naming make's variables under ``make``,
+    then the data."""
+    from theanompi.train.rundir import FLAG_WAYS_OUT, MAKE_WAYS_OUT, refuse_run_dir
+
+    ways = MAKE_WAYS_OUT if os.environ.get("MAKELEVEL") else FLAG_WAYS_OUT
+    refuse_run_dir(cfg, resume=output.resume, overwrite=output.overwrite, ways=ways)
+    _check_data(cfg, ("train", "val"), placement)

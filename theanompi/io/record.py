@@ -130,16 +130,18 @@ class RecordWriter:
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         self._fh = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
 
-    def write(self, kind: str, **fields: Any) -> None:
-        """Append one entry ``{"kind": kind, "time": <unix s>, **fields}`` and flush."""
-        if self._fh is None:
-            return
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append one entry ``{"kind": kind, "time": <unix s>, **fields}`` and flush; returns
+        the entry as written (JSON values: what the loggers are fed), also when disabled."""
         entry = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
+        if self._fh is None:
+            return entry
         try:
             self._fh.write(json.dumps(entry, sort_keys=True) + "\n")
             self._fh.flush()
         except OSError as err:  # a torn last line is skipped by read_record
             raise self._refused(err) from None
+        return entry
 
     def close(self) -> None:
         if self._fh is not None:

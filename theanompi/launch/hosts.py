@@ -18,6 +18,8 @@ __all__ = [
     "expand_slurm_nodelist",
     "slurm_hosts",
     "split_placement_flags",
+    "PlacementFlag",
+    "PLACEMENT_FLAGS",
     "ENV_HOSTFILE",
     "ENV_HOSTS",
     "ENV_MPI_ARGS",
@@ -27,6 +29,41 @@ __all__ = [
 ENV_HOSTFILE = "THEANOMPI_HOSTFILE"
 ENV_HOSTS = "THEANOMPI_HOSTS"
 ENV_MPI_ARGS = "THEANOMPI_MPI_ARGS"
+
+
+@dataclass(frozen=True)
+class PlacementFlag:
+    """A command-line flag that says where the ranks go: its names, its variable, its help."""
+
+    names: tuple[str, ...]
+    env: str
+    metavar: str
+    help: str
+
+
+#: ``--hostfile``, ``-H``/``--host`` and ``--mpi-args``, by the parameter name of every command
+#: that takes ``-n`` (the CLI declares its options from this table; :func:`split_placement_flags`
+#: reads the same names)
+PLACEMENT_FLAGS = {
+    "hostfile": PlacementFlag(
+        ("--hostfile",),
+        ENV_HOSTFILE,
+        "<file>",
+        "With -n: an Open MPI hostfile, 'HOST slots=N' a line (mpirun --hostfile).",
+    ),
+    "hosts": PlacementFlag(
+        ("-H", "--host"),
+        ENV_HOSTS,
+        "<host:slots,...>",
+        "With -n: hosts and their slots inline, host1:4,host2:4 (as mpirun -H, horovodrun -H).",
+    ),
+    "mpi_args": PlacementFlag(
+        ("--mpi-args",),
+        ENV_MPI_ARGS,
+        "<words>",
+        "With -n: words passed to mpirun as they are, e.g. '--mca btl_tcp_if_include eth0'.",
+    ),
+}
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
 
@@ -162,6 +199,23 @@ class Placement:
         slurm = slurm_hosts(env)
         return cls(hosts=tuple(slurm), mpi_args=mpi_args, slurm=bool(slurm))
 
+    @classmethod
+    def from_flags(
+        cls,
+        hostfile: str | os.PathLike[str] | None = None,
+        hosts: str | None = None,
+        mpi_args: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Placement:
+        """From the values of ``--hostfile``, ``-H`` and ``--mpi-args`` (None: not given),
+        each in place of its variable in ``env`` (default: the environment)."""
+        merged = dict(os.environ if env is None else env)
+        given = {"hostfile": hostfile, "hosts": hosts, "mpi_args": mpi_args}
+        for name, value in given.items():
+            if value is not None:
+                merged[PLACEMENT_FLAGS[name].env] = str(value)
+        return cls.from_env(merged)
+
     @property
     def slots(self) -> int:
         """Slots over all hosts (0: this machine, no limit)."""
@@ -191,9 +245,12 @@ class Placement:
 
 def split_placement_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     """Take ``--hostfile F``, ``-H LIST``/``--host LIST`` and ``--mpi-args "..."`` (also as
-    ``--flag=value``) out of a command line: (their env variables, the rest)."""
-    names = {"--hostfile": ENV_HOSTFILE, "-H": ENV_HOSTS, "--host": ENV_HOSTS}
-    names["--mpi-args"] = ENV_MPI_ARGS
+    ``--flag=value``) out of a command line: (their env variables, the rest).
+
+    Anywhere on the line: before the subcommand, after it, or for ``tmpi bench``, whose
+    commands hand their arguments on; the commands with ``-n`` read the variables back as
+    their options' values."""
+    names = {name: f.env for f in PLACEMENT_FLAGS.values() for name in f.names}
     found: dict[str, str] = {}
     rest: list[str] = []
     it = iter(argv)

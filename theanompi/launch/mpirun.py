@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from theanompi.errors import UserError
-from theanompi.launch.hosts import Placement
+from theanompi.launch.hosts import Placement, split_placement_flags
 
 __all__ = ["find_mpirun", "mpirun_command", "mpirun_env", "relaunch"]
 
@@ -60,6 +60,7 @@ def relaunch(
     n: int,
     argv: Sequence[str],
     *,
+    placement: Placement | None = None,
     max_restarts: int = 0,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     record_dir: str | os.PathLike[str] | None = None,
@@ -67,17 +68,21 @@ def relaunch(
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
     (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures)
     and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
-    ``--resume`` from the latest checkpoint in ``checkpoint_dir``."""
+    ``--resume`` from the latest checkpoint in ``checkpoint_dir``.
+
+    ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
+    ``argv`` still holds them, are not passed on to the ranks."""
     from theanompi.launch.supervise import run_with_restarts
 
     env = mpirun_env() | {"THEANOMPI_LAUNCHED": str(n)}
+    argv = split_placement_flags(argv)[1]
 
     def build(resume: bool) -> list[str]:
         args = list(argv)
         if resume:  # a restart continues the run: never --overwrite what it wrote
             args = [a for a in args if a != "--overwrite"]
             args += [] if "--resume" in args else ["--resume"]
-        return mpirun_command(n, [sys.executable, "-m", "theanompi.cli", *args])
+        return mpirun_command(n, [sys.executable, "-m", "theanompi.cli", *args], placement)
 
     return run_with_restarts(
         build,

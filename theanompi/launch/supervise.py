@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import enum
+import functools
 import os
 import re
 import signal
@@ -29,6 +31,8 @@ __all__ = [
     "STOP_GRACE_S",
     "NOT_RESTARTABLE",
     "BANNERS_ENV",
+    "TERMINAL_ENV",
+    "live_output",
 ]
 
 LAUNCHER_PID_ENV = "THEANOMPI_LAUNCHER_PID"  # the ranks stop when this process is gone
@@ -45,6 +49,13 @@ _PR_SET_PDEATHSIG = 1
 
 #: set to 1 to see mpirun's own banners where the launcher prints its one-line summary instead
 BANNERS_ENV = "THEANOMPI_MPI_BANNERS"
+#: "1" when the ranks' output ends on a terminal (the launcher's stderr is one), "0" when not;
+#: progress bars redraw one line with ``\r`` there, and print sparse lines otherwise
+TERMINAL_ENV = "THEANOMPI_TERMINAL"
+_READ_SIZE = 1 << 16  # bytes the pump reads at once from mpirun's pipe
+# a segment of mpirun's output the pump passes on at once: a line, or an update ended by "\r"
+_SEGMENT_END = re.compile(rb"\r\n?|\n")
+_LINE_END = re.compile(rb"\n")  # after a stop request: whole lines only (PMIX_ERR_UNREACH)
 
 # "prterun noticed that process rank 1 with PID 1977 on node vm exited on\nsignal 9 (Killed)."
 _SIGNALED = re.compile(
@@ -146,8 +157,10 @@ def _binary(stream: Any) -> Any:
         return buffer
 
     class _Text:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # split characters
+
         def write(self, data: bytes) -> None:
-            stream.write(data.decode(errors="replace"))
+            stream.write(self.decoder.decode(data))
 
         def flush(self) -> None:
             stream.flush()
@@ -228,8 +241,9 @@ class LaunchPlan:
             LAUNCHER_PID_ENV: str(os.getpid()),
             LAUNCHER_HOST_ENV: socket.gethostname(),
         }
+        full_env.setdefault(TERMINAL_ENV, "1" if _isatty(sys.stderr) else "0")
         return cls(
-            cmd=tuple(cmd),
+            cmd=tuple(live_output(cmd)),
             env=full_env,
             stdout=_binary(sys.stdout),
             stderr=_binary(sys.stderr),
@@ -237,6 +251,81 @@ class LaunchPlan:
             say=echo or _say,
             banners=os.environ.get(BANNERS_ENV, "") not in ("", "0"),
         )
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+@functools.cache
+def _open_mpi_major(mpirun: str) -> int:
+    """The major version of Open MPI's ``mpirun`` at this path (0: not Open MPI, or unknown)."""
+    try:
+        out = subprocess.run(
+            [mpirun, "--version"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"\(Open MPI\) (\d+)\.", out)
+    return int(m.group(1)) if m else 0
+
+
+def live_output(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` with Open MPI 5's ``--output :raw`` after its mpirun, so that mpirun passes the
+    ranks' output on as it comes instead of holding each line until its newline (a
+    ``\r`` progress bar would show only when it ends). Unchanged where the line already has
+    ``--output``, or where its mpirun is not Open MPI 5 or later."""
+    cmd = list(cmd)
+    if any(a == "--output" or a.startswith("--output=") for a in cmd):
+        return cmd
+    for i, arg in enumerate(cmd):
+        if Path(arg).name in ("mpirun", "mpiexec", "prterun"):
+            if _open_mpi_major(arg) >= 5:
+                cmd[i + 1 : i + 1] = ["--output", ":raw"]
+            break
+    return cmd
+
+
+def _maybe_mpi_error(data: bytes) -> bool:
+    """Whether a line beginning with ``data`` is, or may still turn out to be, a rank's MPI
+    error report (:data:`_MPI_ERROR`)."""
+    if _MPI_ERROR.match(data):
+        return True
+    if not data.startswith(b"["):
+        return False
+    end = data.find(b"]")
+    if end < 0:
+        return not re.search(rb"\s", data)
+    return not re.search(rb"\s", data[1:end]) and b" *** ".startswith(data[end + 1 : end + 6])
+
+
+def _tag_cut(data: bytes) -> int:
+    """Where in ``data`` a placement tag (:data:`_PLACE_TAG`) may begin that is not complete
+    yet (it needs its line end); ``len(data)`` when none may."""
+    tag = _PLACE_TAG.encode()
+    at = data.find(tag)
+    if at >= 0:
+        return at
+    for k in range(max(0, len(data) - len(tag) + 1), len(data)):
+        if tag.startswith(data[k:]):
+            return k
+    return len(data)
+
+
+class _Stream:
+    """One of mpirun's streams as its pump reads it: where it goes, the banner being read,
+    whether the next segment begins a line, whether the line being read is a held MPI error
+    report, and the start of a line that cannot be passed on yet."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.banner: list[bytes] = []  # mpirun's "-----" framed message, held until complete
+        self.start = True
+        self.held = False
+        self.rest = b""
 
 
 class RunPhase(enum.Enum):
@@ -299,18 +388,59 @@ class SupervisedRun:
 
     # -- the pumps (one thread per stream) -----------------------------------------------------
     def pump(self, stream: Any, out: Any) -> None:
-        """mpirun's stdout or stderr, line by line, to ours, less what is said in one line."""
-        banner: list[bytes] = []  # mpirun's "-----" framed message, held until it is complete
-        for line in iter(stream.readline, b""):
-            # Open MPI pads the ranks' last output with NULs
-            passed = self._filter(line.replace(b"\0", b""), out, banner)
-            if passed is not None:
-                _write(out, passed)
-        if banner:  # an unterminated banner: show what there is
-            _write(out, b"".join(banner))
+        """mpirun's stdout or stderr to ours as it comes, less what is said in one line.
 
-    def _filter(self, line: bytes, out: Any, banner: list[bytes]) -> bytes | None:
-        """What of one line to pass on now (None: swallowed, held, or part of a banner)."""
+        Each read passes on at once every line and every ``\r``-ended update (a progress bar),
+        and the start of an unfinished line once no filter can still claim it: a line that may
+        open a banner, be an MPI error report or hold a placement tag waits for its end."""
+        st = _Stream(out)
+        fd = stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, _READ_SIZE)
+            except OSError:  # our end closed
+                break
+            if not chunk:
+                break
+            # Open MPI pads the ranks' last output with NULs
+            passed = self._feed(st, chunk.replace(b"\0", b""))
+            if passed:
+                _write(out, passed)
+        last = self._filter(st.rest, st) if st.rest else None  # an unterminated last line
+        left = (last or b"") + b"".join(st.banner)  # an unterminated banner: show what there is
+        if left:
+            _write(out, left)
+
+    def _feed(self, st: _Stream, data: bytes) -> bytes:
+        """What to pass on now of ``data`` (read after ``st.rest``): its complete segments,
+        each through :meth:`_filter`, and the part of an unfinished line that may go."""
+        data, st.rest = st.rest + data, b""
+        passed: list[bytes] = []
+        pos = 0
+        for m in (_LINE_END if self.stops else _SEGMENT_END).finditer(data):
+            passed.append(self._filter(data[pos : m.end()], st) or b"")
+            pos = m.end()
+        rest = data[pos:]
+        cut = self._passable(rest, st)
+        if cut:
+            passed.append(self._filter(rest[:cut], st) or b"")
+        st.rest = rest[cut:]
+        return b"".join(passed)
+
+    def _passable(self, rest: bytes, st: _Stream) -> int:
+        """How much of an unfinished line may be passed on before its end: none in a banner, an
+        MPI report or after a stop request, nor a line start that may open one; up to a
+        placement tag otherwise."""
+        if not rest or self.stops or st.banner or st.held:
+            return 0
+        if st.start and (b"-----".startswith(rest[:5]) or _maybe_mpi_error(rest)):
+            return 0
+        return _tag_cut(rest)
+
+    def _filter(self, line: bytes, st: _Stream) -> bytes | None:
+        """What of one segment (a line, an update ended by ``\r``, or the passable start of a
+        line) to pass on now (None: swallowed, held, or part of a banner)."""
+        start, st.start = st.start, line.endswith(b"\n")
         if _PLACE_TAG.encode() in line:
             line = self._take_placement(line)
         if not line:
@@ -320,16 +450,18 @@ class SupervisedRun:
             del self.tail[:-_TAIL_LINES]
         if self.stops and b"PMIX_ERR_UNREACH" in line:
             return None  # mpirun's noise about ranks that stopped as asked
-        if line.startswith(b"-----") or banner:
-            banner.append(line)
-            if len(banner) == 1 or not line.startswith(b"-----"):
+        opens = start and line.startswith(b"-----")
+        if opens or st.banner:
+            st.banner.append(line)
+            if len(st.banner) == 1 or not opens:
                 return None
-            text = b"".join(banner)
-            banner.clear()
+            text = b"".join(st.banner)
+            st.banner.clear()
             return self._banner(text)
-        if _MPI_ERROR.match(line):
+        if st.held or (start and _MPI_ERROR.match(line)):
+            st.held = not st.start  # the report goes on in the next segment
             with self.lock:
-                self.held.append((time.monotonic(), out, line))
+                self.held.append((time.monotonic(), st.out, line))
             return None
         return line
 

@@ -13,6 +13,24 @@ if TYPE_CHECKING:
 
 __all__ = ["create_model", "MODELS", "Model"]
 
+#: what the training loop and eval call on a model (``Model`` has them all)
+PROTOCOL = ("build", "train_step", "val_step", "predict", "adjust_hyperparams")
+
+
+def _not_a_model(obj: Any) -> str | None:
+    """Why ``obj`` cannot be trained as a model (None: it can), checked without importing
+    PyTensor: a class with the methods of :data:`PROTOCOL`, as ``Model`` subclasses have."""
+    if not isinstance(obj, type):
+        return f"is a {type(obj).__name__}, not a model class; name a theanompi.Model subclass"
+    missing = [m for m in PROTOCOL if not callable(getattr(obj, m, None))]
+    if missing:
+        return (
+            f"{obj.__name__} is not a model (no {', '.join(missing)}); "
+            "derive it from theanompi.Model"
+        )
+    return None
+
+
 #: ``name:`` in configs/<model>.yaml; imported on first use
 MODELS: Registry[type[Model]] = Registry(
     "model",
@@ -24,6 +42,7 @@ MODELS: Registry[type[Model]] = Registry(
         "mlp": "theanompi.models.mlp:MLP",
         "small_cnn": "theanompi.models.small_cnn:SmallCNN",
     },
+    check=_not_a_model,
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,10 @@ from pytensor.tensor.special import softmax  # noqa: E402
 
 from theanompi.models.layers import Layer  # noqa: E402
 from theanompi.models.metrics import symbolic_metrics  # noqa: E402
-from theanompi.models.optim import SGD, _zeros_like, step_lr  # noqa: E402
+from theanompi.models.optim import _zeros_like, create_optimizer, lr_policy  # noqa: E402
 from theanompi.models.params import set_values, to_device  # noqa: E402
 
-__all__ = ["Model", "scaled_width"]
+__all__ = ["Model", "FunctionModel", "scaled_width", "wrap_network"]
 
 from theanompi.models.section import ModelSection  # noqa: E402
 from theanompi.schema import to_plain  # noqa: E402
@@ -54,7 +54,8 @@ class Model:
         list of float32 shared variables with unique ``.name`` (``conv1.W``): exchanged
         between workers and checkpointed.
     ``opt_state``
-        list of shared variables (momentum buffers ``conv1.W.v``): checkpointed only.
+        list of shared variables (SGD's momentum buffers ``conv1.W.v``, Adam's moments and
+        step count): checkpointed only, never exchanged.
     ``buffers``
         list of non-trainable shared variables that the training step updates (batch-norm
         running ``bn1.mean``/``bn1.var``; empty without BN): per rank while training,
@@ -67,12 +68,17 @@ class Model:
         compile the step functions (once).
     ``train_step(x, y) -> (loss, top1_err)``
         forward, backward and parameter update on float32 ``x`` (b, C, H, W), int32 ``y``.
-    ``compute_grads(x, y)`` / ``apply_grads()``
-        the same split in two (for gradient averaging between workers).
+    ``compute_grads(x, y, accumulate=False)`` / ``apply_grads()``
+        the same split in two (for gradient averaging between workers); with
+        ``accumulate=True`` the gradients are added to ``grads`` instead of replacing them.
+    ``scale_grads(factor)``
+        multiply ``grads`` by ``factor`` (``1/K`` after ``K`` accumulated sub-batches:
+        ``training.accumulate_steps``).
     ``val_step(x, y) -> (loss, top1_err, top5_err)`` and ``predict(x) -> probs``
         without dropout.
     ``adjust_hyperparams(epoch)``
-        set ``lr`` for a 0-based epoch from the config's lr policy.
+        set ``lr`` for a 0-based epoch from the config's lr policy (a per-step policy's
+        factor is the Trainer's :class:`~theanompi.train.schedule.LRSchedule`).
 
     This class implements all of it from a network given by :meth:`build_network` (a
     :class:`~theanompi.models.layers.Layer`); override :meth:`forward` instead to plug in a
@@ -119,6 +125,7 @@ class Model:
         self.base_lr = float(cfg["learning_rate"])
         self.lr = pytensor.shared(np.asarray(self.base_lr, dtype=pytensor.config.floatX), name="lr")
         self.rng = np.random.default_rng(int(self.arch.get("seed", 0)))
+        self.lr_policy = lr_policy(cfg)
         try:
             self.net: Layer | None = self.build_network()
         except ValueError as err:  # a layer refused the shapes the config implies
@@ -172,19 +179,13 @@ class Model:
         raise NotImplementedError
 
     def setup_optimizer(self) -> None:
-        """Create the optimiser, ``opt_state`` and ``grads`` for ``self.params``."""
+        """Create the optimiser ``model.optimizer`` names (``theanompi.models.optim.OPTIMIZERS``),
+        ``opt_state`` and ``grads`` for ``self.params``."""
         names = [p.name for p in self.params]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup or any(not n for n in names):
             raise ValueError(f"parameter names must be unique and non-empty; repeated: {dup}")
-        c = self.config
-        self.optimizer = SGD(
-            self.params,
-            self.lr,
-            momentum=float(c["momentum"]),
-            nesterov=bool(c["nesterov"]),
-            weight_decay=float(c["weight_decay"]),
-        )
+        self.optimizer = create_optimizer(self.params, self.lr, self.config)
         self.opt_state = list(self.optimizer.state)
         self.grads = [
             pytensor.shared(_zeros_like(p), name=f"{p.name}.grad", borrow=True) for p in self.params
@@ -226,7 +227,8 @@ class Model:
     def _graphs(self) -> dict[str, Any]:
         x, y = self._inputs(self.batch_size if self.backend == "jax" else None)
         logits = self.forward(x, train=True)
-        loss, top1, _ = symbolic_metrics(logits, y)
+        smoothing = float(self.config.get("label_smoothing", 0.0))
+        loss, top1, _ = symbolic_metrics(logits, y, label_smoothing=smoothing)
         grads = pytensor.grad(loss, self.params)
         state_up = self.state_updates()
         return {
@@ -306,8 +308,14 @@ class Model:
             if key == "grads":
                 ups = list(zip(self.grads, g["grads"], strict=True)) + g["state_up"]
                 self._compile(key, [g["x"], g["y"]], [g["loss"], g["top1"]], ups)
+            elif key == "grads_add":  # gradient accumulation: grads += this batch's
+                ups = [(s, s + d) for s, d in zip(self.grads, g["grads"], strict=True)]
+                self._compile(key, [g["x"], g["y"]], [g["loss"], g["top1"]], ups + g["state_up"])
             elif key == "apply":
                 self._compile(key, [], [], self.optimizer.updates(self.grads))
+            elif key == "scale":
+                f = pt.scalar("factor", dtype=pytensor.config.floatX)
+                self._compile(key, [f], [], [(s, s * f) for s in self.grads])
         return self._fns[key]
 
     # -- steps ----------------------------------------------------------------------------
@@ -329,14 +337,26 @@ class Model:
         return self._xy(x, y)
 
     def train_step(self, x: Any, y: Any) -> tuple[float, float]:
-        """One SGD step on (x, y); returns (loss, top-1 error) before the update."""
+        """One optimiser step on (x, y); returns (loss, top-1 error) before the update (the
+        loss is the training objective: label-smoothed when ``model.label_smoothing`` > 0)."""
         loss, err = self._fn("train")(*self._train_xy(x, y))
         return float(loss), float(err)
 
-    def compute_grads(self, x: Any, y: Any) -> tuple[float, float]:
-        """Write the gradients of the loss on (x, y) into ``grads``; params unchanged."""
-        loss, err = self._fn("grads")(*self._train_xy(x, y))
+    def compute_grads(self, x: Any, y: Any, accumulate: bool = False) -> tuple[float, float]:
+        """Write the gradients of the loss on (x, y) into ``grads`` (``accumulate``: add
+        them to what ``grads`` hold); params unchanged. Returns (loss, top-1 error) of (x, y)."""
+        loss, err = self._fn("grads_add" if accumulate else "grads")(*self._train_xy(x, y))
         return float(loss), float(err)
+
+    def scale_grads(self, factor: float) -> None:
+        """Multiply ``grads`` by ``factor``: after ``K`` accumulated sub-batches of equal
+        size, ``1/K`` leaves the gradient of their union (the loss is a mean over the batch)."""
+        f = np.asarray(factor, dtype=pytensor.config.floatX)
+        if self.backend == "jax":
+            import jax
+
+            f = jax.device_put(f)
+        self._fn("scale")(f)
 
     def apply_grads(self) -> None:
         """One optimiser step from the values in ``grads``."""
@@ -354,9 +374,66 @@ class Model:
         return np.asarray(probs, dtype=np.float32)
 
     def adjust_hyperparams(self, epoch: int) -> None:
-        """Set ``lr`` for 0-based ``epoch`` from ``lr_policy``/``lr_step``/``lr_gamma``."""
-        c = self.config
-        lr = step_lr(
-            self.base_lr, int(epoch), list(c["lr_step"]), float(c["lr_gamma"]), c["lr_policy"]
-        )
+        """Set ``lr`` for 0-based ``epoch`` from ``lr_policy``/``lr_step``/``lr_gamma``
+        (``step``: ``learning_rate * lr_gamma ** #{s in lr_step: epoch >= s}``; the others:
+        ``learning_rate``, which ``cosine``/``poly`` then decay per step in the Trainer)."""
+        lr = self.base_lr * self.lr_policy.epoch_factor(int(epoch))
         set_values([self.lr], [np.asarray(lr, dtype=pytensor.config.floatX)])
+
+
+class FunctionModel(Model):
+    """A network built elsewhere, as its forward function and its shared variables: trained,
+    checkpointed and exchanged like any :class:`Model` (see :func:`wrap_network`)."""
+
+    name = "function"
+
+    def __init__(
+        self,
+        forward: Callable[[Any, bool], Any],
+        params: Sequence[Any],
+        section: Mapping[str, Any] | None = None,
+        buffers: Sequence[Any] = (),
+    ) -> None:
+        self._forward_fn, self._given = forward, (list(params), list(buffers))
+        super().__init__(section or {})
+
+    def build_network(self) -> None:
+        self.params, self.buffers = (list(v) for v in self._given)
+        return None
+
+    def forward(self, x: pt.TensorVariable, train: bool) -> pt.TensorVariable:
+        return self._forward_fn(x, train)
+
+
+def wrap_network(
+    forward: Callable[[Any, bool], Any],
+    params: Sequence[Any],
+    section: Mapping[str, Any] | None = None,
+    buffers: Sequence[Any] = (),
+) -> Model:
+    """A :class:`Model` from a network built elsewhere (Lasagne-style code, a graph of your own).
+
+    Parameters
+    ----------
+    forward
+        ``forward(x, train) -> logits``: symbolic (b, n_classes) scores for the symbolic
+        input ``x`` (b, C, H, W), the mean-subtracted image in 0..255 units; ``train`` says
+        whether dropout and the like are on.
+    params
+        The trainable shared variables ``forward`` reads (unique, non-empty names).
+    section
+        Model config keys (``input_size``, ``channels``, ``n_classes``, ``learning_rate``,
+        ``optimizer``, ...); missing keys take the schema defaults.
+    buffers
+        Non-trainable state shared variables (averaged over the workers, checkpointed).
+
+    Examples
+    --------
+    >>> import numpy as np, pytensor, pytensor.tensor as pt
+    >>> W = pytensor.shared(np.zeros((3 * 8 * 8, 4), "float32"), name="W")
+    >>> m = wrap_network(lambda x, train: pt.dot(x.flatten(2), W), [W],
+    ...                  {"input_size": 8, "n_classes": 4})
+    >>> m.input_shape, [p.name for p in m.params]
+    ((3, 8, 8), ['W'])
+    """
+    return FunctionModel(forward, params, section, buffers)

@@ -288,13 +288,19 @@ def symbolic_true_rank(scores: Any, y: Any) -> Any:
     return pt.sum(above, axis=-1, dtype="int64")
 
 
-def symbolic_metrics(logits: Any, y: Any, k: int = TOP_K) -> tuple[Any, Any, Any]:
+def symbolic_metrics(
+    logits: Any, y: Any, k: int = TOP_K, label_smoothing: float = 0.0
+) -> tuple[Any, Any, Any]:
     """Graph of (mean loss, top-1 error, top-k error) of ``logits`` (b, K) for labels ``y`` (b,).
 
     The loss is the exact mean ``log_softmax`` cross-entropy (the training objective, no
     floor: its gradient must not vanish); the errors follow the tie rule on ``logits``.
     Labels must be real (no ``-1`` padding). Reported validation numbers come from
     :func:`batch_metrics` on ``predict``'s probabilities, not from this graph.
+
+    With ``label_smoothing = s`` > 0 (the training objective only) the loss is
+    ``(1 - s) * -log p_y + s * mean_k(-log p_k)``, the cross-entropy against the target
+    ``(1 - s) * onehot(y) + s / K``: ``torch.nn.CrossEntropyLoss(label_smoothing=s)``.
 
     Returns
     -------
@@ -306,8 +312,14 @@ def symbolic_metrics(logits: Any, y: Any, k: int = TOP_K) -> tuple[Any, Any, Any
     from pytensor.tensor.special import log_softmax
 
     fx = pytensor.config.floatX
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing!r} must be in [0, 1), e.g. 0.1")
     rows = pt.arange(y.shape[0])
-    loss = -log_softmax(logits, axis=-1)[rows, y].mean()
+    logp = log_softmax(logits, axis=-1)
+    loss = -logp[rows, y].mean()
+    if label_smoothing:
+        s = np.asarray(label_smoothing, dtype=logits.dtype)
+        loss = (np.asarray(1, logits.dtype) - s) * loss - s * logp.mean(axis=-1).mean()
     rank = symbolic_true_rank(logits, y)
     top1 = pt.ge(rank, 1).astype(fx).mean()
     topk = pt.ge(rank, k).astype(fx).mean()

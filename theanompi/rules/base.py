@@ -29,9 +29,10 @@ class SyncRule:
 
     1. ``setup(model, comm)`` once, after the model is built and every worker holds the
        same start values (rank 0's, or the checkpoint's);
-    2. per step ``train_step(model, x, y) -> (loss, err)`` (compute), then
-       ``after_step(model, step) -> seconds spent exchanging``: the rest of
-       ``after_step``'s wall time counts as compute;
+    2. per (optimiser) step ``accumulate(model, x, y, i, k) -> (loss, err)`` for each of its
+       ``k`` sub-batches (``training.accumulate_steps``; with ``k == 1`` that is
+       ``train_step(model, x, y)``) (compute), then ``after_step(model, step) -> seconds
+       spent exchanging``: the rest of ``after_step``'s wall time counts as compute;
     3. at each epoch end ``epoch_end(model)`` (a collective: drain messages in flight),
        then ``eval_values(model)``: the values to validate and checkpoint, ``None`` for
        the model's own (for BSP every replica is the same; for EASGD the centre; for
@@ -42,8 +43,11 @@ class SyncRule:
 
     Class attributes describe the rule to config validation, the CLI and the loop:
     ``min_ranks``, ``uses_strategy`` (``exch_strategy`` applies), ``synchronous``,
-    ``identical_replicas`` and ``bit_exact_resume``; the ``local_opt_state`` property says
-    whether ranks keep different optimiser state (checkpoints then carry per-rank side files).
+    ``identical_replicas``, ``bit_exact_resume`` and ``supports_accumulation``; the
+    ``local_opt_state`` property says whether ranks keep different optimiser state
+    (checkpoints then carry per-rank side files), ``local_update`` whether the optimiser
+    step is taken in the local compute (else in ``after_step``, after an exchange of the
+    gradients).
     """
 
     name: ClassVar[str] = "rule"
@@ -54,6 +58,9 @@ class SyncRule:
     #: replicas stay bit-identical (``check_every`` can assert it)
     identical_replicas: ClassVar[bool] = False
     bit_exact_resume: ClassVar[bool] = True
+    #: ``training.accumulate_steps`` > 1 allowed (:meth:`accumulate`); a rule whose
+    #: ``train_step`` is more than the model's step overrides ``accumulate`` or sets False
+    supports_accumulation: ClassVar[bool] = True
     #: the whole job's communicator, set by :meth:`worker_comm`
     world: Any = None
 
@@ -77,6 +84,16 @@ class SyncRule:
             raise ConfigError(
                 f"{cls.name} needs at least {cls.min_ranks} ranks, got {size}; "
                 f"run with -n {cls.min_ranks} or more"
+            )
+
+    @classmethod
+    def check_accumulate(cls, k: int) -> None:
+        """One-line ``ConfigError`` when the rule cannot take ``k`` sub-batches per step."""
+        if k > 1 and not cls.supports_accumulation:
+            raise ConfigError(
+                f"sync_rule {cls.name} does not support training.accumulate_steps={k} "
+                "(gradient accumulation); set training.accumulate_steps: 1, or multiply "
+                f"model.batch_size by {k} instead"
             )
 
     @property
@@ -111,9 +128,35 @@ class SyncRule:
     def setup(self, model: Any, comm: Any) -> None:
         """Allocate buffers; ``comm`` is :meth:`worker_comm`."""
 
+    @property
+    def local_update(self) -> bool:
+        """The optimiser step is part of the local compute (``train_step``); False where
+        ``after_step`` applies the gradients after exchanging them (BSP ``cdd``)."""
+        return True
+
     def train_step(self, model: Any, x: Any, y: Any) -> tuple[float, float]:
         """Local compute of one step; returns (loss, top-1 error) of the batch."""
         return model.train_step(x, y)
+
+    def accumulate(self, model: Any, x: Any, y: Any, i: int, k: int) -> tuple[float, float]:
+        """Local compute of sub-batch ``i`` (0-based) of the ``k`` of one optimiser step
+        (gradient accumulation); returns its (loss, top-1 error).
+
+        ``k == 1`` is :meth:`train_step`. Otherwise each sub-batch's gradient is added to
+        ``model.grads`` (the first one writes them: ``compute_grads(x, y, accumulate=i > 0)``)
+        and after the last one ``model.scale_grads(1 / k)`` leaves their mean there: the
+        gradient of one ``k`` times larger batch, as the loss is a mean over the batch. Then
+        a rule with :attr:`local_update` takes the optimiser step (``apply_grads``); BSP
+        ``cdd`` exchanges the mean in ``after_step`` first.
+        """
+        if k == 1:
+            return self.train_step(model, x, y)
+        loss, err = model.compute_grads(x, y, accumulate=i > 0)
+        if i + 1 == k:
+            model.scale_grads(1.0 / k)
+            if self.local_update:
+                model.apply_grads()
+        return loss, err
 
     def after_step(self, model: Any, step: int) -> float:
         """Exchange after step ``step`` (1-based); returns the seconds spent exchanging."""

@@ -7,6 +7,13 @@ One step of rank r (of N):
   every parameter by its mean over ranks;
 * ``cdd``: ``model.compute_grads(x, y)``, the exchanger averages the gradients, then
   ``model.apply_grads()`` (the same update on every rank).
+
+With ``training.accumulate_steps`` K > 1 a step takes K sub-batches per rank
+(:meth:`~theanompi.rules.base.SyncRule.accumulate`): ``cdd`` sums their gradients into
+``model.grads``, scales by 1/K and exchanges that mean once (one update of the global batch
+``K * N * b``, as Horovod's ``backward_passes_per_step``); ``avg`` takes one local step on
+the mean of its K sub-batch gradients (a K times larger local batch), then averages the
+parameters once.
 """
 
 from __future__ import annotations
@@ -53,6 +60,11 @@ class BSP(SyncRule):
     @property
     def local_opt_state(self) -> bool:
         # avg: each rank's momentum follows its own gradients; cdd: one update everywhere
+        return not self.cdd
+
+    @property
+    def local_update(self) -> bool:
+        # cdd: the optimiser step follows the gradient exchange (after_step)
         return not self.cdd
 
     def describe(self) -> str:

@@ -27,6 +27,10 @@ epoch of all workers sees the training set once. At its end the workers (a colle
 among them) fetch the centre (``KIND_CENTRE``), validate and checkpoint it, and go on with
 their own values. Start-up: worker 1 sends the workers' common start values (rank 0's or
 the checkpoint's) to the server as the first centre.
+
+Gradient accumulation (``training.accumulate_steps`` K > 1) is supported: a worker's local
+step takes the mean gradient of K sub-batches (a K times larger local batch, the base
+:meth:`~theanompi.rules.base.SyncRule.accumulate`), and ``avg_freq`` counts those steps.
 """
 
 from __future__ import annotations

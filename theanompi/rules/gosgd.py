@@ -15,6 +15,10 @@ is skipped while this worker's previous push is still being delivered, so at mos
 in flight per worker), and a worker mixes whatever has arrived (``Iprobe``) after each
 step. At each epoch end the workers agree on how many pushes each of them was sent and
 receive all that are still in flight (:meth:`Gossip.drain`).
+
+Gradient accumulation (``training.accumulate_steps`` K > 1) is supported: a worker's local
+step takes the mean gradient of K sub-batches (a K times larger local batch), and the push
+is drawn once per such step.
 """
 
 from __future__ import annotations

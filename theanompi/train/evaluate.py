@@ -15,6 +15,7 @@ top-5 class indices of every (non-padded) val image in val order
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,14 @@ def load_model_checkpoint(model: Any, checkpoint: str | Path, model_name: str | 
     A checkpoint of another model raises a one-line ``ConfigError`` naming the parameter
     (and, when the checkpoint's meta names another model than ``model_name``, that model).
     """
+    from theanompi.comm import log
     from theanompi.io.checkpoint import apply_checkpoint, load_checkpoint
+    from theanompi.registry import source_changed
 
     ckpt = load_checkpoint(checkpoint)
+    changed = model_name and source_changed(ckpt.meta.get("model_source"), model_name)
+    if changed:
+        log(f"note: {changed}", file=sys.stderr)
     try:
         apply_checkpoint(model, ckpt, opt_state=False)
     except ConfigError as err:

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,6 +32,10 @@ __all__ = [
     "BREAKING",
     "prepare_run_dir",
     "check_run_dir",
+    "refuse_run_dir",
+    "WaysOut",
+    "FLAG_WAYS_OUT",
+    "MAKE_WAYS_OUT",
     "config_changes",
     "old_run_files",
     "stored_config",
@@ -140,6 +144,91 @@ def _writable(folder: Path, key: str) -> None:
         ) from None
 
 
+class WaysOut(NamedTuple):
+    """How the user continues, replaces or moves past a run dir that holds a run: the words
+    a refusal names (flags of ``tmpi train``, or make variables under ``make``)."""
+
+    resume: str = "--resume"
+    overwrite: str = "--overwrite"
+    new_run: str = "--run-dir NEW"
+    verb: str = "pass"
+
+
+#: the ways out on ``tmpi train``'s command line
+FLAG_WAYS_OUT = WaysOut()
+#: the ways out on ``make train``'s command line (``RESUME=1`` -> ``--resume``, ...)
+MAKE_WAYS_OUT = WaysOut("RESUME=1", "OVERWRITE=1", "RUN=runs/NEW", "rerun make with")
+
+
+def _checkpoints(ckpt_dir: Path) -> list[Path]:
+    return [p for p in _files(ckpt_dir, _CKPT_FILE) if p.suffix == ".npz" and p.name[0] != "."]
+
+
+def _refuse_both(resume: bool, overwrite: bool, ways: WaysOut) -> None:
+    if resume and overwrite:
+        raise ConfigError(
+            f"{ways.resume} and {ways.overwrite} contradict each other; {ways.verb} "
+            f"{ways.resume} to continue the run or {ways.overwrite} to start it again"
+        )
+
+
+def _refuse_old_run(out: Any, ckpt_dir: Path, ckpts: list[Path], ways: WaysOut) -> None:
+    """A run dir holding checkpoints, without --resume or --overwrite."""
+    if not ckpts:
+        return
+    from theanompi.io.checkpoint import latest_checkpoint, list_checkpoints
+
+    main = list_checkpoints(ckpt_dir)
+    if main:
+        what = f"{len(main)} checkpoint(s), latest {latest_checkpoint(ckpt_dir).name}"
+    else:
+        what = f"{len(ckpts)} checkpoint file(s), e.g. {ckpts[-1].name}"
+    raise ConfigError(
+        f"run dir {out.run_dir!r} already holds a run ({what}); {ways.verb} {ways.resume} to "
+        f"continue it, {ways.overwrite} to replace it, or {ways.new_run} for a new run"
+    )
+
+
+def _compare_stored(cfg: Any, latest: Path, ways: WaysOut) -> tuple[dict[str, Any], list[str]]:
+    """``--resume``: refuse a breaking config change since ``latest``; (its meta, notes),
+    the meta empty when there was no config to compare."""
+    stored, meta = stored_config(latest)
+    if stored is None:
+        return {}, [f"resume: {latest.name} stores no config; it was not compared"] if meta else []
+    breaking, allowed = config_changes(stored, cfg.to_dict())
+    if breaking:
+        raise ConfigError(
+            f"--resume: the config changed in key(s) the checkpoint {latest.name} depends on: "
+            f"{'; '.join(breaking)}; restore them, or start a new run with {ways.new_run} "
+            f"(or {ways.overwrite})"
+        )
+    from theanompi.registry import source_changed
+
+    notes = [f"resume: changed since {latest.name}: {'; '.join(allowed)}"] if allowed else []
+    changed = source_changed(meta.get("model_source"), str(cfg.model.name))
+    return meta, [*notes, f"resume: {changed}"] if changed else notes
+
+
+def refuse_run_dir(
+    cfg: Any, *, resume: bool, overwrite: bool, ways: WaysOut = FLAG_WAYS_OUT
+) -> None:
+    """The refusals of :func:`prepare_run_dir`, read-only (the launcher's check before
+    mpirun starts): both flags together, a run dir holding a run without either, and on
+    ``resume`` a breaking config change. Creates, writes and deletes nothing."""
+    _refuse_both(resume, overwrite, ways)
+    if overwrite:
+        return
+    ckpt_dir = Path(cfg.output.checkpoint_dir)
+    if not resume:
+        _refuse_old_run(cfg.output, ckpt_dir, _checkpoints(ckpt_dir), ways)
+        return
+    from theanompi.io.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is not None:
+        _compare_stored(cfg, latest, ways)
+
+
 def prepare_run_dir(cfg: Any, *, resume: bool, overwrite: bool, n_workers: int) -> list[str]:
     """Check (and on ``overwrite`` clear) the run folders of ``cfg``; returns notes to print.
 
@@ -149,20 +238,16 @@ def prepare_run_dir(cfg: Any, *, resume: bool, overwrite: bool, n_workers: int) 
     """
     out = cfg.output
     ckpt_dir, rec_dir = Path(out.checkpoint_dir), Path(out.record_dir)
-    if resume and overwrite:
-        raise ConfigError(
-            "--resume and --overwrite contradict each other; pass --resume to continue the run "
-            "or --overwrite to start it again"
-        )
+    ways = FLAG_WAYS_OUT
+    _refuse_both(resume, overwrite, ways)
     for folder, key in (
         (Path(out.run_dir), "output.run_dir"),
         (ckpt_dir, "output.checkpoint_dir"),
         (rec_dir, "output.record_dir"),
     ):
         _writable(folder, key)
-    from theanompi.io.checkpoint import latest_checkpoint, list_checkpoints
+    from theanompi.io.checkpoint import latest_checkpoint
 
-    ckpts = [p for p in _files(ckpt_dir, _CKPT_FILE) if p.suffix == ".npz" and p.name[0] != "."]
     notes: list[str] = []
     if overwrite:
         old = old_run_files(ckpt_dir, rec_dir)
@@ -175,34 +260,14 @@ def prepare_run_dir(cfg: Any, *, resume: bool, overwrite: bool, n_workers: int) 
             )
         return notes
     if not resume:
-        if ckpts:
-            main = list_checkpoints(ckpt_dir)
-            if main:
-                what = f"{len(main)} checkpoint(s), latest {latest_checkpoint(ckpt_dir).name}"
-            else:
-                what = f"{len(ckpts)} checkpoint file(s), e.g. {ckpts[-1].name}"
-            raise ConfigError(
-                f"run dir {out.run_dir!r} already holds a run ({what}); pass --resume to "
-                "continue it, --overwrite to replace it, or --run-dir NEW for a new run"
-            )
+        _refuse_old_run(out, ckpt_dir, _checkpoints(ckpt_dir), ways)
         return notes
     latest = latest_checkpoint(ckpt_dir)
     if latest is None:
         return notes  # the resume itself says there is nothing to resume from
-    stored, meta = stored_config(latest)
-    if stored is None:
-        if meta:
-            notes.append(f"resume: {latest.name} stores no config; it was not compared")
+    meta, notes = _compare_stored(cfg, latest, ways)
+    if not meta:
         return notes
-    breaking, allowed = config_changes(stored, cfg.to_dict())
-    if breaking:
-        raise ConfigError(
-            f"--resume: the config changed in key(s) the checkpoint {latest.name} depends on: "
-            f"{'; '.join(breaking)}; restore them, or start a new run with --run-dir NEW "
-            "(or --overwrite)"
-        )
-    if allowed:
-        notes.append(f"resume: changed since {latest.name}: {'; '.join(allowed)}")
     old_n = int(meta.get("world_size", n_workers) or n_workers)
     if old_n != n_workers:
         b = int(cfg.model.batch_size)

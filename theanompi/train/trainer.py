@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ class LoopSettings:
     check_every: int = 0  # assert replicas bit-identical every K steps (rules that keep them so)
     checkpoint_every_steps: int = 0  # mid-epoch checkpoint every K steps (0: off)
     checkpoint_every_minutes: float = 0.0  # mid-epoch checkpoint every M minutes (0: off)
+    #: sub-batches per optimiser step (gradient accumulation); every count above is in steps
+    accumulate_steps: int = 1
 
 
 class Trainer:
@@ -72,6 +75,9 @@ class Trainer:
         :class:`LoopSettings`.
     watchdog
         :class:`~theanompi.launch.watchdog.Watchdog` on the job's communicator (default: none).
+    loggers
+        :class:`~theanompi.io.loggers.Logger` objects fed each ``step`` and ``epoch`` entry
+        right after the record got it (pass them on the rank that writes the record only).
     """
 
     def __init__(
@@ -88,14 +94,18 @@ class Trainer:
         schedule: Any,
         settings: LoopSettings,
         watchdog: Watchdog | None = None,
+        loggers: Sequence[Any] = (),
     ) -> None:
         self.model, self.rule, self.comm = model, rule, comm
         self.train, self.val, self.snap = train, val, snap
         self.record, self.timeline, self.schedule = record, timeline, schedule
+        self.loggers = list(loggers)
         self.settings = settings
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.tag = rule.name.lower()
-        self.progress = Progress(comm, train.batch_size * self.size, tag=self.tag)
+        #: sub-batches per optimiser step: a step is K loader steps, its loss their mean
+        self.k = max(1, int(settings.accumulate_steps))
+        self.progress = Progress(comm, train.batch_size * self.k * self.size, tag=self.tag)
         self.stats = StepStats()
         self.wd = watchdog if watchdog is not None else Watchdog(comm, 0)
         self.last_ckpt: str | None = None
@@ -111,6 +121,12 @@ class Trainer:
 
     def log(self, text: str) -> None:
         self.progress.log(f"[{self.tag}] {text}")
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        """A ``step`` or ``epoch`` entry: to the record, then, as written, to each logger."""
+        entry = self.record.write(kind, **fields)
+        for lg in self.loggers:
+            (lg.on_step if kind == "step" else lg.on_epoch)(entry)
 
     # -- the loop ------------------------------------------------------------------------
     def _mid_asked(self) -> bool:
@@ -215,13 +231,32 @@ class Trainer:
 
     def _ips(self, s: StepStats) -> float | None:
         wall = float(np.sum(s.wall))
-        return self.train.batch_size * self.size * len(s) / wall if len(s) and wall > 0 else None
+        images = self.train.batch_size * self.k * self.size * len(s)
+        return images / wall if len(s) and wall > 0 else None
+
+    def _local_step(self, batches: Any, step: int) -> tuple[float, float, float]:
+        """The local compute of optimiser step ``step + 1``: its K sub-batches, each fetched
+        (timed as *wait*) and given to the rule (``rule.accumulate``). Returns the mean loss
+        and error over the sub-batches and the seconds waited for data."""
+        model, rule, tl, k = self.model, self.rule, self.timeline, self.k
+        loss = err = waited = 0.0
+        for i in range(k):
+            t0 = wtime()
+            x, y = next(batches)
+            t1 = wtime()
+            if i == 0:
+                fault_point("step", self.rank, step)
+            sub_loss, sub_err = rule.accumulate(model, x, y, i, k)
+            loss, err, waited = loss + sub_loss, err + sub_err, waited + (t1 - t0)
+            tl.add("wait", t0, t1, step=step + 1)
+            tl.add("compute", t1, wtime(), step=step + 1)
+        return loss / k, err / k, waited
 
     def _epoch(self, epoch: int, step: int, stop: StopFlag, k0: int = 0) -> tuple[int, bool]:
         """One epoch of steps (from step ``k0`` of it); returns the step count and whether the
         ranks agreed to stop."""
         model, rule, tl, s, wd = self.model, self.rule, self.timeline, self.stats, self.wd
-        n = self.train.steps_per_epoch
+        n = self.train.steps_per_epoch // self.k  # optimiser steps of K sub-batches
         print_freq = max(1, self.settings.print_freq)
         stop_every = min(print_freq, 10)  # steps between the ranks' Ctrl-C agreement
         check_every = self.settings.check_every if rule.identical_replicas else 0
@@ -233,14 +268,11 @@ class Trainer:
         win_start = len(s)
         interrupted = False
         bad: int | None = None  # first step with a nan/inf loss on this rank
-        with self.train.epoch(epoch, k0) as batches:
+        with self.train.epoch(epoch, k0 * self.k) as batches:
             for k in range(k0, n):
                 lr = self._set_lr(epoch_lr, step, lr)
                 t0 = wtime()
-                x, y = next(batches)
-                t1 = wtime()
-                fault_point("step", self.rank, step)
-                loss, err = rule.train_step(model, x, y)
+                loss, err, waited = self._local_step(batches, step)
                 if bad is None and not math.isfinite(loss):
                     bad = step + 1
                 t2 = wtime()
@@ -259,9 +291,7 @@ class Trainer:
                         interrupted, save_mid = self._agree(stop, bad, epoch, step)
                     save_mid = (save_mid or ckpt_due) and not last
                 t4 = wtime()
-                s.add(loss, err, (t3 - t1) - exch, exch + (t4 - t3), t1 - t0, t4 - t0)
-                tl.add("wait", t0, t1, step=step)
-                tl.add("compute", t1, t2, step=step)
+                s.add(loss, err, (t3 - t0) - waited - exch, exch + (t4 - t3), waited, t4 - t0)
                 tl.add("exchange", t2, t4, step=step)
                 if check_every and step % check_every == 0:
                     with self._waiting("the replica check"):
@@ -277,8 +307,9 @@ class Trainer:
                             step=step,
                             lr=lr,
                         )
-                    self.record.write("step", **entry)
+                    self._emit("step", **entry)
                     win_start = len(s)
+                # a checkpoint only ever at an optimiser-step boundary (after its K sub-batches)
                 if self.mid_ok and (save_mid or interrupted):  # Ctrl-C: that step's checkpoint
                     self._save_mid(epoch, k + 1, step)
                 if interrupted:
@@ -424,7 +455,7 @@ class Trainer:
         ep_secs = wtime() - self._ep_t0
         ips = self._ips(ep)
         lr = float(model.lr.get_value())
-        self.record.write(
+        self._emit(
             "epoch",
             epoch=epoch,
             step=step,
