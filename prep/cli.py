@@ -102,18 +102,9 @@ NProcs = Annotated[
 ]
 
 
-def _placement(name: str) -> Any:
-    """The ``--hostfile`` / ``-H`` / ``--mpi-args`` option ``name``; its value also comes from
-    its variable, where ``tmpi`` puts the flag given anywhere on the line."""
-    flag = PLACEMENT_FLAGS[name]
-    return typer.Option(
-        *flag.names, envvar=flag.env, metavar=flag.metavar, help=flag.help, rich_help_panel=LAUNCH
-    )
-
-
-Hostfile = Annotated[str | None, _placement("hostfile")]
-Hosts = Annotated[str | None, _placement("hosts")]
-MpiArgs = Annotated[str | None, _placement("mpi_args")]
+Hostfile = Annotated[str | None, PLACEMENT_FLAGS["hostfile"].option(LAUNCH)]
+Hosts = Annotated[str | None, PLACEMENT_FLAGS["hosts"].option(LAUNCH)]
+MpiArgs = Annotated[str | None, PLACEMENT_FLAGS["mpi_args"].option(LAUNCH)]
 
 
 def _size() -> tuple[int, int]:

@@ -36,18 +36,9 @@ NProcs = Annotated[
 ]
 
 
-def _placement_option(name: str) -> Any:
-    """The option of :data:`~theanompi.launch.hosts.PLACEMENT_FLAGS` ``name``; its value
-    also comes from its variable, where ``tmpi`` puts the flag given anywhere on the line."""
-    flag = PLACEMENT_FLAGS[name]
-    return typer.Option(
-        *flag.names, envvar=flag.env, metavar=flag.metavar, help=flag.help, rich_help_panel=LAUNCH
-    )
-
-
-Hostfile = Annotated[str | None, _placement_option("hostfile")]
-Hosts = Annotated[str | None, _placement_option("hosts")]
-MpiArgs = Annotated[str | None, _placement_option("mpi_args")]
+Hostfile = Annotated[str | None, PLACEMENT_FLAGS["hostfile"].option(LAUNCH)]
+Hosts = Annotated[str | None, PLACEMENT_FLAGS["hosts"].option(LAUNCH)]
+MpiArgs = Annotated[str | None, PLACEMENT_FLAGS["mpi_args"].option(LAUNCH)]
 ConfigPath = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="Run config YAML (default: configs/config.yaml)."),

@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from theanompi.errors import ConfigError
 
@@ -39,6 +40,20 @@ class PlacementFlag:
     env: str
     metavar: str
     help: str
+
+    def option(self, panel: str) -> Any:
+        """The typer option of every command that takes ``-n`` (``tmpi train|eval|run|prep``):
+        its value also comes from its variable, where ``tmpi`` puts the flag given anywhere on
+        the command line."""
+        import typer
+
+        return typer.Option(
+            *self.names,
+            envvar=self.env,
+            metavar=self.metavar,
+            help=self.help,
+            rich_help_panel=panel,
+        )
 
 
 #: ``--hostfile``, ``-H``/``--host`` and ``--mpi-args``, by the parameter name of every command
