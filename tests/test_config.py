@@ -470,3 +470,12 @@ def test_a_model_section_in_the_run_config(tmp_path: Path) -> None:
     run_path.write_text(yaml.safe_dump({"model": MODEL | {"bach_size": 4}}))
     with pytest.raises(ConfigError, match=r"\(model section\): unknown key 'model.bach_size'"):
         load_config(run_path)
+
+
+def test_a_folder_named_like_a_config_does_not_shadow_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "digits").mkdir()  # e.g. a data folder in the working directory
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, "digits")
+    assert cfg.model.name == "small_cnn" and cfg.sources[1].endswith("configs/digits.yaml")
