@@ -41,7 +41,9 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
 
 
 def _one_error(stderr: str) -> str:
-    errs = [ln for ln in stderr.splitlines() if ln.startswith("tmpi: error")]
+    # under a bare mpirun, Open MPI's abort banner is written beside our line and may leave a
+    # stray space in front of it (seen in CI): the line itself must be there, once
+    errs = [ln.lstrip() for ln in stderr.splitlines() if ln.lstrip().startswith("tmpi: error")]
     assert len(errs) == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     return errs[0]

@@ -515,8 +515,11 @@ def _cross_check(cfg: Config) -> None:
             f"model.input_size={cfg.model.input_size} exceeds data.image_size={cfg.data.image_size}; "
             "crop must fit inside the stored images"
         )
+    rule = _rules().get(cfg.weight_exchange.sync_rule)
+    # the rule refuses its own keys now (EASGD's sync_start: false), not inside the job
+    rule.from_config(cfg.weight_exchange, seed=cfg.randomness.seed)
     if cfg.training.accumulate_steps > 1:  # the rule says whether it can step on K sub-batches
-        _rules().get(cfg.weight_exchange.sync_rule).check_accumulate(cfg.training.accumulate_steps)
+        rule.check_accumulate(cfg.training.accumulate_steps)
 
 
 def check_world_size(cfg: Config, size: int) -> None:
