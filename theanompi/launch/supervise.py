@@ -33,6 +33,7 @@ __all__ = [
     "BANNERS_ENV",
     "TERMINAL_ENV",
     "live_output",
+    "never_started",
 ]
 
 LAUNCHER_PID_ENV = "THEANOMPI_LAUNCHER_PID"  # the ranks stop when this process is gone
@@ -88,6 +89,12 @@ _PLACE = re.compile(rb"tmpi-placement: rank (\d+) host (\S+) pid (\d+)\n?")
 _NOT_STARTED = re.compile(r"PMIx server's listener thread failed to start")
 #: launches of one attempt that may fail to start before the launcher gives up
 START_TRIES = 3
+
+
+def never_started(mpirun_output: str) -> bool:
+    """mpirun failed before starting any rank (its PMIx listener): the same launch may go again."""
+    return bool(_NOT_STARTED.search(mpirun_output))
+
 
 # mpirun's banner when the ranks end as asked after a stop request: exit 130, or killed by the
 # stop signal itself (before they could install a handler) or by the hard stop
@@ -549,9 +556,7 @@ class SupervisedRun:
             code = 1
         else:
             code = rc
-        not_started = (
-            not stopped and not self.placed and bool(_NOT_STARTED.search("".join(self.tail)))
-        )
+        not_started = not stopped and not self.placed and never_started("".join(self.tail))
         return Attempt(code, rc, stopped, failure, time.monotonic() - self.t0, not_started)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from theanompi.launch.mpirun import mpirun_command, mpirun_env
+from theanompi.launch.supervise import START_TRIES, never_started
 
 __all__ = ["REPO", "run_mpi", "tmpi"]
 
@@ -28,13 +29,17 @@ def run_mpi(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python <args>`` on ``n`` real MPI ranks; return the finished process (text output).
 
-    With ``check`` (the default) a non-zero exit fails the test and shows both streams.
+    With ``check`` (the default) a non-zero exit fails the test and shows both streams. A
+    launch that mpirun failed to start (no rank ran) goes again, as the launcher's does.
     """
     cmd = mpirun_command(n, [sys.executable, *map(str, args)])
     full_env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)} | (env or {}))
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO
-    )
+    for _ in range(START_TRIES):
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO
+        )
+        if proc.returncode == 0 or not never_started(proc.stderr + proc.stdout):
+            break
     if check and proc.returncode != 0:
         raise AssertionError(
             f"mpirun -n {n} {' '.join(map(str, args))} exited {proc.returncode}\n"
