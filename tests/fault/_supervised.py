@@ -1,7 +1,8 @@
 """``python _supervised.py GRACE_S``: supervise a 2-rank job whose ranks ignore the stop signal.
 
-Each rank prints ``rank R up`` and sleeps; SIGUSR1 is ignored, so only the launcher's hard stop
-(a second signal, or ``GRACE_S`` seconds after the first) ends it. Exits with the launcher's code.
+Each rank prints ``rank R up`` in one write (a print's pieces can interleave with the other
+rank's) and sleeps; SIGUSR1 is ignored, so only the launcher's hard stop (a second signal, or
+``GRACE_S`` seconds after the first) ends it. Exits with the launcher's code.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from theanompi.launch.supervise import supervise
 
 RANK = (
     "import os, signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
-    "print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'up', flush=True); time.sleep(120)"
+    "os.write(1, f\"rank {os.environ['OMPI_COMM_WORLD_RANK']} up\\n\".encode()); time.sleep(120)"
 )
 
 if __name__ == "__main__":
