@@ -27,7 +27,7 @@ LATEST_RUN = $(patsubst %/checkpoints/,%,$(dir $(firstword $(shell ls -t \
                runs/$(basename $(notdir $(MODEL)))-*/checkpoints/epoch_*.npz 2>/dev/null))))
 EVAL_RUN   = $(or $(RUN),$(if $(NAMED),$(RUN_NAME),$(or $(LATEST_RUN),$(RUN_NAME))))
 
-.PHONY: venv constraints data train eval demo test test-serial test-mpi bench bench-prep bench-exchange bench-model bench-train lint clean
+.PHONY: venv constraints data train eval demo test test-serial test-mpi test-slurm bench bench-prep bench-exchange bench-model bench-train lint clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,11 @@ test: test-mpi test-serial
 
 test-serial: venv
 	$(PYTEST)
+
+# The simulated Slurm cluster's tests (root; installs slurm-wlm and munge where missing), with
+# the `scancel --signal=USR1 --full` one that `make test` skips (docs/cluster.md#slurm)
+test-slurm: venv
+	THEANOMPI_SLURM_FULL=1 $(PYTEST) tests/cluster/test_slurm.py tests/launch/test_slurm.py
 
 test-mpi: venv
 	$(MPIRUN) -n 2 sh -c 'if [ "$$OMPI_COMM_WORLD_RANK" = 0 ]; then exec $(PYTEST) tests/exchange; \

@@ -67,6 +67,7 @@ __all__ = [
 LAYOUTS = ("c01b", "bc01")
 DATA_VERIFY = ("first_read", "all", "off")  # data.verify: batch digests against the manifest
 LR_SCALINGS = ("none", "linear")
+WHEN = ("auto", "always", "never")  # weight_exchange.overlap and .hierarchical
 
 
 # -- choices read from the registries (a name, or a reference they resolve) (imported only when a config is validated) ------------
@@ -133,6 +134,13 @@ class WeightExchangeSection(Section):
     compression: str = key("none", choices=_compressors)
     gossip_p: float = key(0.5, check=UNIT)  # GOSGD: probability that a worker pushes after a step
     check_every: int = key(0, check=NON_NEGATIVE)  # debug: ranks bit-identical every K steps
+    # BSP cdd: exchange gradient buckets while the backward pass still runs (never: after it;
+    # auto: when the ranks span more than one node, where the exchange is worth hiding)
+    overlap: str = key("auto", choices=WHEN)
+    bucket_mb: float = key(25.0, check=POSITIVE)  # overlap: MB of gradients per bucket
+    # reduce inside each node, exchange between one leader per node, broadcast inside the node
+    # (auto: when some node holds more than one rank)
+    hierarchical: str = key("auto", choices=WHEN)
 
 
 @dataclass(frozen=True)

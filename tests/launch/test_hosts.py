@@ -19,6 +19,7 @@ from theanompi.launch.hosts import (
     split_placement_flags,
 )
 from theanompi.launch.mpirun import mpirun_command
+from theanompi.launch.slurm import prted_agent_args
 from theanompi.launch.testing import REPO
 
 
@@ -65,7 +66,8 @@ def test_slurm_allocation() -> None:
     assert slurm_hosts({"SLURM_JOB_NODELIST": "n1"}) == []  # not inside an allocation
     p = Placement.from_env(env)
     assert p.slurm and p.slots == 5
-    assert p.mpirun_args(8) == []  # mpirun reads the allocation itself
+    # mpirun reads the allocation itself; its daemons start through an agent that outlives USR1
+    assert p.mpirun_args(8) == prted_agent_args()
     assert "Slurm allocation n1:2, n2:2, n3:1" in p.describe(5)
 
 

@@ -40,3 +40,26 @@ def test_a_silent_peer_is_blamed_first() -> None:
     w, now = _as_rank(0, 2), 100.0
     heard = {1: (now - 5.0, (42, "the exchange", 1.0, True))}
     assert w._missing(now, 0.0, heard, 42, "the exchange", None, True) == [1]
+
+
+def test_a_silent_hub_is_named_by_the_lowest_rank_it_last_heard() -> None:
+    """The hub (rank 0) stops: ranks 1 and 2 know of each other only through its last digest,
+    which goes no older; rank 1 (alive then) reports, rank 2 leaves it to rank 1."""
+    now, t_hub = 100.0, 95.0
+    heard = {0: (t_hub, (40, "", -1.0, True)), 1: (t_hub - 0.5, (41, "the exchange", 1.0, True))}
+    w2 = _as_rank(2, 3)
+    missing = w2._missing(now, 0.0, heard, 42, "the exchange", None, True)
+    assert missing == [0]
+    assert not w2._decider(now, heard, missing)
+    w1 = _as_rank(1, 3)
+    assert w1._decider(now, {0: heard[0]}, missing)
+
+
+def test_a_silent_hub_before_any_digest_leaves_the_report_to_rank_1() -> None:
+    """Nothing relayed yet (the hub stopped right after the ranks began listening): rank 2
+    cannot know whether rank 1 lives, and leaves the report to it (or, late, makes it)."""
+    w2 = _as_rank(2, 3)
+    missing = w2._missing(100.0, 90.0, {}, 42, "the exchange", None, True)
+    assert missing == [0]
+    assert not w2._decider(100.0, {}, missing)
+    assert _as_rank(1, 3)._decider(100.0, {}, missing)

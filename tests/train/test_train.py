@@ -109,3 +109,41 @@ def test_timeline_lr_warmup_and_fp16_on_the_wire(cli, demo: Path, tmp_path: Path
         names = {e["name"] for e in spans if e["pid"] == pid}
         assert {"compute", "exchange", "wait", "validate"} <= names, names
     assert any(e["name"] == "checkpoint" for e in spans)
+
+
+def test_overlap_trains_the_same_parameters_and_shows_the_hidden_exchange(
+    cli, demo: Path, tmp_path: Path
+) -> None:
+    import json
+
+    runs = {}
+    for overlap in ("never", "always"):
+        run, trace = tmp_path / overlap, tmp_path / f"{overlap}.json"
+        out = _train(
+            cli,
+            demo,
+            run,
+            "--epochs",
+            "1",
+            "--sync-type",
+            "cdd",
+            "--timeline",
+            str(trace),
+            "--set",
+            f"weight_exchange.overlap={overlap}",
+            "--set",
+            "weight_exchange.bucket_mb=0.2",
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[overlap] = load_checkpoint(latest_checkpoint(run / "checkpoints"))
+        events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+        buckets = {e["args"]["bucket"] for e in events if e["name"] == "bucket exchange"}
+        if overlap == "always":  # 2 ranks on one node: overlap only when asked for
+            assert "hidden" in out.stdout
+            assert buckets == {0, 1}  # fc2 + fc1 (1.6 MB), then the convs (77 KB)
+        else:
+            assert "hidden" not in out.stdout and not buckets
+    # 2 ranks: a + b = b + a, so the overlapped buckets give the serial run's bits
+    a, b = runs["never"], runs["always"]
+    for x, y in zip(a.params + a.opt_state, b.params + b.opt_state, strict=True):
+        np.testing.assert_array_equal(x, y)

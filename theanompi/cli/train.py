@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import signal
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -134,6 +139,17 @@ MaxRestarts = Annotated[
         "latest checkpoint, at most this many times (as torchrun).",
     ),
 ]
+OnSignal = Annotated[
+    str | None,
+    typer.Option(
+        "--on-signal",
+        metavar="checkpoint|requeue",
+        help="After a stop signal (SIGUSR1 as Slurm's --signal=USR1@T sends, Ctrl-C, SIGTERM) "
+        "and its step-boundary checkpoint: checkpoint (exit 130) or requeue (exit 75; in a "
+        "Slurm batch job also scontrol requeue). Default: requeue in a Slurm batch job "
+        "submitted with --requeue, else checkpoint. A requeued job resumes by itself.",
+    ),
+]
 
 
 # The groups below are the panels of `tmpi train --help` (the class name is the title).
@@ -198,6 +214,7 @@ class Reliability:
 
     stall_timeout: float | None = None
     max_restarts: int = 0
+    on_signal: str | None = None
 
 
 class _Key(NamedTuple):
@@ -315,6 +332,7 @@ def train(
     overwrite: Overwrite = False,
     stall_timeout: StallTimeout = None,
     max_restarts: MaxRestarts = 0,
+    on_signal: OnSignal = None,
 ) -> None:
     """Train a model with a sync rule. -n counts every rank, a rule's server included.
 
@@ -340,6 +358,8 @@ def run_training(s: TrainSettings) -> None:
         _print_config(cfg)
         return
     n, max_restarts = s.launch.n, s.reliability.max_restarts
+    _check_on_signal(s.reliability.on_signal)
+    output = _resume_on_restart(cfg, s.output, launcher=n is not None and not under_mpirun())
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
     if max_restarts and (n is None or (under_mpirun() and "THEANOMPI_LAUNCHED" not in os.environ)):
@@ -347,15 +367,16 @@ def run_training(s: TrainSettings) -> None:
     if n is not None and not under_mpirun():
         check_world_size(cfg, n)
     launch = s.launch
-    _relaunch_if_asked(
-        n,
-        launch.hostfile,
-        launch.hosts,
-        launch.mpi_args,
-        max_restarts=max_restarts,
-        output=cfg.output,
-        before=lambda placement: _check_before_launch(cfg, s.output, placement),
-    )
+    with _launcher_in_slurm(n):
+        _relaunch_if_asked(
+            n,
+            launch.hostfile,
+            launch.hosts,
+            launch.mpi_args,
+            max_restarts=max_restarts,
+            output=cfg.output,
+            before=lambda placement: _check_before_launch(cfg, output, placement),
+        )
     _start(n)
     from theanompi.comm import world
 
@@ -363,10 +384,80 @@ def run_training(s: TrainSettings) -> None:
     from theanompi.launch.signals import StopFlag
     from theanompi.train.run import run
 
+    resume, overwrite = world().bcast((output.resume, output.overwrite), root=0)  # rank 0's
     with StopFlag():  # a Ctrl-C before the loop (or on a serving rank) waits for the loop
-        summary = run(cfg, resume=s.output.resume, overwrite=s.output.overwrite)
+        summary = run(cfg, resume=resume, overwrite=overwrite)
     if summary["interrupted"]:  # stopped at a step boundary; checkpoints valid
-        raise typer.Exit(130)
+        raise typer.Exit(_stop_code(s.reliability.on_signal))
+
+
+def _check_on_signal(mode: str | None) -> None:
+    from theanompi.launch.slurm import ON_SIGNAL
+
+    if mode is not None and mode not in ON_SIGNAL:
+        raise ConfigError(f"--on-signal {mode!r}: choose one of {', '.join(ON_SIGNAL)}")
+
+
+def _resume_on_restart(cfg: Any, output: Output, launcher: bool) -> Output:
+    """A Slurm job requeued and started again (``SLURM_RESTART_COUNT`` >= 1) continues from
+    its run dir's latest checkpoint, as with ``--resume`` (and never ``--overwrite``s it).
+    The launcher passes ``--resume`` on to the ranks; without one, rank 0's choice counts."""
+    from theanompi.io.checkpoint import latest_checkpoint
+    from theanompi.launch.slurm import job_id, restart_count
+
+    restarts = restart_count()
+    if not restarts or output.resume:
+        return output
+    latest = latest_checkpoint(cfg.output.checkpoint_dir)
+    if latest is None:
+        return output
+    if launcher:
+        sys.argv = [a for a in sys.argv if a != "--overwrite"] + ["--resume"]
+    from theanompi.comm import rank_from_env
+
+    if not launcher and rank_from_env() == 0:
+        print(
+            f"tmpi: Slurm job {job_id()} restarted ({restarts}): resuming from {latest}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return dataclasses.replace(output, resume=True, overwrite=False)
+
+
+@contextlib.contextmanager
+def _launcher_in_slurm(n: int | None) -> Iterator[None]:
+    """The launcher (``-n N``) inside a Slurm job: live through SIGUSR1 (Slurm's warning, sent
+    to every process of the job with ``scancel --full``; mpirun and the ranks get their own),
+    and requeue the job once the ranks have exited with :data:`EXIT_REQUEUED`."""
+    from theanompi.launch.slurm import job_id, requeue_after_stop
+
+    if n is None or under_mpirun() or job_id() is None:
+        yield
+        return
+    old = signal.signal(signal.SIGUSR1, lambda *_: None)  # not SIG_IGN: mpirun gets SIG_DFL
+    try:
+        yield
+    except typer.Exit as e:
+        raise typer.Exit(requeue_after_stop(e.exit_code)) from None
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def _stop_code(mode: str | None) -> int:
+    """Rank 0's exit code for a stop (:func:`theanompi.launch.slurm.stop_code`), on every
+    rank; without a launcher, rank 0 requeues the Slurm job itself."""
+    from theanompi.comm import world
+    from theanompi.launch.slurm import requeue_after_stop, stop_code
+
+    comm = world()
+    code = stop_code(mode) if comm.Get_rank() == 0 else None
+    code = comm.bcast(code, root=0)
+    if "THEANOMPI_LAUNCHED" not in os.environ:  # no launcher to requeue after the ranks
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            code = requeue_after_stop(code)
+        code = comm.bcast(code, root=0)
+    return int(code)
 
 
 def _print_config(cfg: Any) -> None:

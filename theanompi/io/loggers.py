@@ -59,6 +59,7 @@ TB_TAGS: dict[str, dict[str, str]] = {
         "t_exchange": "time/exchange_s",
         "t_wait": "time/wait_s",
         "t_wall": "time/step_s",
+        "t_hidden": "time/exchange_hidden_s",
     },
     "epoch": {
         "train_loss": "epoch/train_loss",
@@ -72,6 +73,7 @@ TB_TAGS: dict[str, dict[str, str]] = {
         "t_compute": "epoch/compute_s",
         "t_exchange": "epoch/exchange_s",
         "t_wait": "epoch/wait_s",
+        "t_hidden": "epoch/exchange_hidden_s",
     },
 }
 

@@ -124,7 +124,7 @@ class Timeline:
         self._tail: deque[tuple[Any, ...]] = deque(maxlen=max_events // 2)
         self._n = 0
         self._lock = threading.Lock()  # only taken by a thread's first span
-        self._threads: dict[int, tuple[int, str]] = {
+        self._threads: dict[int | str, tuple[int, str]] = {
             threading.get_ident(): (0, threading.current_thread().name)
         }
 
@@ -151,22 +151,24 @@ class Timeline:
         t_start: float,
         t_end: float,
         args: dict[str, Any] | None = None,
+        thread: str | None = None,
         **fields: Any,
     ) -> None:
         """Record span ``name`` from ``t_start`` to ``t_end`` (``MPI.Wtime()`` seconds).
 
         ``args`` / ``fields`` as for :meth:`span`. A span whose end is before its start
-        is kept with duration 0.
+        is kept with duration 0. ``thread``: the row to show it in (default: the calling
+        thread's), for spans another thread measured and this one records.
         """
         if self.path is None or self._closed:
             return
         if fields:
             args = {**args, **fields} if args else fields
-        ident = threading.get_ident()
+        ident: int | str = threading.get_ident() if thread is None else thread
         if ident not in self._threads:
             with self._lock:
                 self._threads.setdefault(
-                    ident, (len(self._threads), threading.current_thread().name)
+                    ident, (len(self._threads), thread or threading.current_thread().name)
                 )
         ev = (name, t_start, max(t_end, t_start), self._threads[ident][0], args)
         self._n += 1

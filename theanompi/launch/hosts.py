@@ -237,7 +237,8 @@ class Placement:
         return sum(s for _, s in self.hosts)
 
     def mpirun_args(self, n: int) -> list[str]:
-        """mpirun's host arguments for ``n`` ranks (none for this machine or Slurm)."""
+        """mpirun's host arguments for ``n`` ranks: none for this machine; in a Slurm
+        allocation, none for the hosts (mpirun reads it) but the daemons' launch agent."""
         if self.hosts and not self.slurm and n > self.slots:
             where = f"--hostfile {self.hostfile}" if self.hostfile else "-H"
             raise ConfigError(
@@ -248,6 +249,10 @@ class Placement:
             return ["--hostfile", str(self.hostfile)]
         if self.hosts and not self.slurm:
             return ["--host", ",".join(f"{h}:{s}" for h, s in self.hosts)]
+        if self.slurm:  # mpirun reads the allocation; its daemons must outlive Slurm's USR1
+            from theanompi.launch.slurm import prted_agent_args
+
+            return prted_agent_args()
         return []
 
     def describe(self, n: int) -> str:

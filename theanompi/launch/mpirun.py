@@ -11,7 +11,10 @@ from pathlib import Path
 from theanompi.errors import UserError
 from theanompi.launch.hosts import Placement, split_placement_flags
 
-__all__ = ["find_mpirun", "mpirun_command", "mpirun_env", "relaunch"]
+__all__ = ["find_mpirun", "mpirun_command", "mpirun_env", "relaunch", "ABORT_DELAY_ENV"]
+
+#: Open MPI's seconds between a rank's abort and its exit (the ranks read it at MPI_Init)
+ABORT_DELAY_ENV = "OMPI_MCA_mpi_abort_delay"
 
 
 def find_mpirun() -> str:
@@ -75,6 +78,13 @@ def relaunch(
     from theanompi.launch.supervise import run_with_restarts
 
     env = mpirun_env() | {"THEANOMPI_LAUNCHED": str(n)}
+    placement = Placement.from_env() if placement is None else placement
+    if len(placement.hosts) > 1 or placement.slurm:
+        # a rank whose peer on another node was killed ends at once ("Socket closed"), and
+        # its abort would reach mpirun before the peer's death: mpirun's banner then blames
+        # it (exit 14). A second's wait lets the peer's node report first, so the launcher
+        # names the killed rank and its host (supervise.py), exit 1
+        env.setdefault(ABORT_DELAY_ENV, "1")
     argv = split_placement_flags(argv)[1]
 
     def build(resume: bool) -> list[str]:

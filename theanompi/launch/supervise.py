@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from theanompi.launch.slurm import EXIT_REQUEUED
+
 __all__ = [
     "Attempt",
     "pid_alive",
@@ -44,8 +46,8 @@ STOP_SIGNAL = signal.SIGUSR1
 STOP_GRACE_S = 60.0  # after a stop request, mpirun is told to kill the ranks after this long
 WATCH_INTERVAL_S = 0.5
 #: exit codes that a restart cannot mend: usage, data, resource (errors.py), Ctrl-C
-NOT_RESTARTABLE = frozenset({0, 2, 3, 4, 130})
 EXIT_INTERRUPTED = 130
+NOT_RESTARTABLE = frozenset({0, 2, 3, 4, EXIT_INTERRUPTED, EXIT_REQUEUED})
 _PR_SET_PDEATHSIG = 1
 
 #: set to 1 to see mpirun's own banners where the launcher prints its one-line summary instead
@@ -77,6 +79,9 @@ _NODE_LOST = (
 # held for HOLD_S seconds, and dropped when a lost host explains it (the survivors' view)
 _MPI_ERROR = re.compile(rb"^\[[^\]\s]*\] \*\*\* ")
 HOLD_S = 3.0
+# what each rank prints when it aborts with Open MPI's mpi_abort_delay (set by mpirun.relaunch
+# for jobs across nodes, so that a killed rank's node reports before its peers' aborts)
+_ABORT_DELAY = re.compile(rb"^\[[^\]\s]*\] Delaying for \d+ seconds before aborting\s*$")
 # each rank started by the launcher tells it where it runs, through mpirun's stderr (the
 # pump swallows these lines), so a lost host can be reported with its ranks
 _PLACE_TAG = "tmpi-placement:"
@@ -364,8 +369,10 @@ class SupervisedRun:
         self.stops = 0  # stop requests so far (SIGINT, SIGTERM, SIGHUP)
         self.deadline: float | None = None  # when a stop at a step boundary turns into a kill
         self.lost: str | None = None  # the first host lost; it outranks a rank's signal
+        self.killed = False  # mpirun reported a rank killed by a signal (not a stop we asked)
         self.tail: list[str] = []
         self.placed: dict[int, str] = {}  # rank -> host, as the ranks reported (watch_launcher)
+        self.rank_pids: dict[int, int] = {}  # rank -> pid on its host, as the ranks reported
         self.held: list[tuple[float, Any, bytes]] = []  # the ranks' MPI error reports, for HOLD_S
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
@@ -457,6 +464,8 @@ class SupervisedRun:
             del self.tail[:-_TAIL_LINES]
         if self.stops and b"PMIX_ERR_UNREACH" in line:
             return None  # mpirun's noise about ranks that stopped as asked
+        if start and not self.plan.banners and _ABORT_DELAY.match(line):
+            return None  # our own mpi_abort_delay's notice
         opens = start and line.startswith(b"-----")
         if opens or st.banner:
             st.banner.append(line)
@@ -476,6 +485,7 @@ class SupervisedRun:
         """Note where the ranks run (:func:`watch_launcher`'s tags) and strip the tags."""
         for m in _PLACE.finditer(line):
             self.placed[int(m.group(1))] = m.group(2).decode(errors="replace")
+            self.rank_pids[int(m.group(1))] = int(m.group(3))
         return _PLACE.sub(b"", line)
 
     def _banner(self, text: bytes) -> bytes | None:
@@ -486,15 +496,18 @@ class SupervisedRun:
         lost = None if self.stops else _lost_host(decoded, self.placed)
         if lost and self.lost is None:
             self.lost = lost  # the first host lost; it outranks a rank's signal
-        if not self.plan.banners and (lost or (not self.stops and _SIGNALED.search(decoded))):
+        killed = not self.stops and bool(_SIGNALED.search(decoded))
+        self.killed = self.killed or killed
+        if not self.plan.banners and (lost or killed):
             return None  # said in one line when mpirun exits (failure)
         return text
 
     def release(self, older_than: float | None) -> None:
         """Print the held MPI error reports (those held ``older_than`` s; None: all), or
-        drop them once a lost host explains them (the survivors' "Socket closed")."""
+        drop them once a lost host or a killed rank explains them (the survivors' "Socket
+        closed")."""
         with self.lock:
-            if self.lost and not self.plan.banners:
+            if (self.lost or self.killed) and not self.plan.banners:
                 self.held.clear()
             now = time.monotonic()
             while self.held and (older_than is None or now - self.held[0][0] >= older_than):
@@ -543,21 +556,53 @@ class SupervisedRun:
         for reader in self.readers:
             reader.join(timeout=5)
         self.release(older_than=None)
-        stopped = self.stops > 0
+        _reap_local(self.placed, self.rank_pids)
+        tail = "".join(self.tail)
+        # the ranks stopped at a step boundary on a signal sent to them, not to us (Slurm)
+        stopped_there = rc in (EXIT_INTERRUPTED, EXIT_REQUEUED) and not _SIGNALED.search(tail)
+        stopped = self.stops > 0 or (stopped_there and not self.lost)
         if stopped:
             failure = ""
         elif self.lost:  # mpirun may even exit 0 after losing a daemon (Open MPI 5.0)
             failure = _lost_line(self.lost, self.placed)
         else:
-            failure = _failure_line("".join(self.tail), rc)
-        if stopped:
-            code = EXIT_INTERRUPTED
+            failure = _failure_line(tail, rc)
+        if stopped:  # the ranks' own code says whether they asked for a requeue
+            code = EXIT_REQUEUED if rc == EXIT_REQUEUED else EXIT_INTERRUPTED
         elif failure:
             code = 1
         else:
             code = rc
-        not_started = not stopped and not self.placed and never_started("".join(self.tail))
+        not_started = not stopped and not self.placed and never_started(tail)
         return Attempt(code, rc, stopped, failure, time.monotonic() - self.t0, not_started)
+
+
+def _launched_by_me(pid: int) -> bool:
+    """``pid`` runs and is a rank of this launcher (its environment says so: not a reused pid)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return pid_alive(pid) and f"{LAUNCHER_PID_ENV}={os.getpid()}".encode() in env
+
+
+def _reap_local(placed: Mapping[int, str], pids: Mapping[int, int], wait_s: float = 2.0) -> None:
+    """Ranks on this host that outlive mpirun (one sleeping in its abort delay, see
+    ``mpirun.relaunch``, when mpirun ends at once because it lost a node's daemon): wait
+    ``wait_s`` for them, then SIGKILL them, so that nothing is left when the launcher exits."""
+    host = socket.gethostname()
+    left = [pid for r, pid in pids.items() if placed.get(r) == host]
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [pid for pid in left if _launched_by_me(pid)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _monitor(run: SupervisedRun) -> int:

@@ -14,13 +14,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Watchdog", "DEFAULT_STALL_TIMEOUT", "DUMP_SIGNAL", "dump_plan"]
+__all__ = ["Watchdog", "DEFAULT_STALL_TIMEOUT", "DUMP_SIGNAL", "HUB", "dump_plan"]
 
 DEFAULT_STALL_TIMEOUT = 300.0
 _TAG = 7301  # heartbeats, on a communicator of their own (a dup of the job's)
 _DUMP_TAG = 7302  # "dump your stack", from the rank that ends the job, to every other rank
 _SIGNAL_TAG = 7303  # "signal these ranks of your host to dump theirs" (those that did not answer)
 _DUMPED_TAG = 7304  # "done", back to the rank that ends the job
+_DIGEST_TAG = 7305  # the hub's digest of every rank's last heartbeat, to each rank
+#: the rank every heartbeat goes to and whose digest of them goes back to every rank: 2(N-1)
+#: messages an interval in the whole job, not N(N-1)
+HUB = 0
 #: a rank writes its Python stack (every thread) to ``<stacks_dir>/rank-K.txt`` on this signal,
 #: with ``faulthandler`` in the signal handler itself: a rank stuck in C code holding the GIL
 #: dumps too. SIGUSR1 is the stop request (:mod:`theanompi.launch.signals`); mpirun forwards
@@ -69,10 +73,14 @@ class Watchdog:
     """Heartbeats on a side channel so that a rank blocked in a collective can name who is late.
 
     A rank blocked in an MPI collective cannot talk on that communicator, so every rank runs a
-    daemon thread that, every ``interval`` seconds, sends a small heartbeat to every other
-    rank on a duplicate of the job's communicator: ``(seq, phase, waiting since, armed)``.
-    The loop marks each collective (or blocking exchange) with :meth:`enter` / :meth:`leave`,
-    which only store a tuple, so a step costs two attribute writes.
+    daemon thread that, every ``interval`` seconds, sends a small heartbeat to the hub (rank
+    :data:`HUB`) on a duplicate of the job's communicator: ``(seq, phase, waiting since,
+    armed)``; the hub sends every rank its digest of the last heartbeats and their ages, so
+    each rank knows every other's state with 2(N-1) messages an interval in the whole job
+    (each rank to every other: N(N-1)). A silent hub is blamed by the others (its news of
+    them is old), the lowest rank it last heard reporting. The loop marks each collective (or
+    blocking exchange) with :meth:`enter` / :meth:`leave`, which only store a tuple, so a step
+    costs two attribute writes.
 
     When this rank has waited in a phase for more than ``timeout`` seconds (counting starts
     at :meth:`arm`, after the first step, so compilation never trips it), the *missing* ranks
@@ -109,10 +117,15 @@ class Watchdog:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.enabled = self.timeout > 0 and self.size > 1
         self.interval = float(interval or min(1.0, max(self.timeout, 0.1) / 8))
-        self.stale = max(4 * self.interval, 2.0)
+        # news of a rank comes through the hub: up to two intervals old when it arrives
+        self.stale = max(5 * self.interval, 2.0)
+        self.sent = 0  # heartbeats and digests this rank sent (tests, pipelines/watchdog_load.py)
+        #: rank -> (when the hub got its last heartbeat, by this process's clock; the heartbeat)
+        self.heard: dict[int, tuple[float, tuple[int, str, float, bool]]] = {}
         self._state: tuple[str, int, float, tuple[int, ...] | None, bool] | None = None
         self._seq = 0
         self._armed = False
+        self._started = 0.0  # when the thread began (or began again) to listen
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.hosts: list[str] = []
@@ -325,14 +338,53 @@ class Watchdog:
             return (self._seq, "", -1.0, self._armed)
         return (st[1], st[0], now - st[2], self._armed)
 
+    def _exchange(self, beat: Any, heard: dict[int, Any], pending: dict[int, list[Any]]) -> None:
+        """One interval's messages: a rank sends its heartbeat to the hub and takes the hub's
+        digest (every rank's last heartbeat and its age there); the hub takes the heartbeats
+        and sends the digest to every rank. At most 64 sends wait per peer (a stopped peer
+        stops draining; the others go on hearing)."""
+        from mpi4py import MPI
+
+        comm, status = self.comm, MPI.Status()
+        for r, reqs in pending.items():
+            pending[r] = [q for q in reqs if not q.Test()]
+
+        def send(obj: Any, dest: int, tag: int) -> None:
+            if len(pending.setdefault(dest, [])) < 64:
+                pending[dest].append(comm.isend(obj, dest=dest, tag=tag))
+                self.sent += 1
+
+        if self.rank != HUB:
+            send(beat, HUB, _TAG)
+            while comm.Iprobe(source=HUB, tag=_DIGEST_TAG, status=status):
+                digest = comm.recv(source=HUB, tag=_DIGEST_TAG)
+                t = time.monotonic()
+                for r, item in enumerate(digest):
+                    if item is not None and r != self.rank:
+                        age, news = item
+                        if r not in heard or heard[r][0] < t - age:
+                            heard[r] = (t - age, news)
+            return
+        while comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
+            src = status.Get_source()
+            heard[src] = (time.monotonic(), comm.recv(source=src, tag=_TAG))
+        now = time.monotonic()
+        digest: list[Any] = [None] * self.size
+        digest[HUB] = (0.0, beat)
+        for r, (t, news) in heard.items():
+            digest[r] = (now - t, news)
+        for r in range(self.size):
+            if r != HUB:
+                send(digest, r, _DIGEST_TAG)
+
     def _run(self) -> None:
         from mpi4py import MPI
 
-        comm, me = self.comm, self.rank
+        me = self.rank
         others = [r for r in range(self.size) if r != me]
-        heard: dict[int, tuple[float, tuple[int, str, float, bool]]] = {}
-        pending: list[Any] = []
-        started = time.monotonic()
+        heard = self.heard
+        pending: dict[int, list[Any]] = {}
+        started = self._started = time.monotonic()
         warned = False
         status = MPI.Status()
         last = time.monotonic()
@@ -340,15 +392,10 @@ class Watchdog:
             now = time.monotonic()
             if now - last > self.stale:  # this process was stopped (SIGSTOP) or starved: it
                 heard.clear()  # cannot judge the others from its old news; listen first
-                started, warned = now, False
+                started = self._started = now
+                warned = False
             last = now
-            beat = self._beat(now)
-            pending = [r for r in pending if not r.Test()]
-            if len(pending) < 64 * len(others):  # a stopped peer stops draining: stop piling up
-                pending.extend(comm.isend(beat, dest=r, tag=_TAG) for r in others)
-            while comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
-                src = status.Get_source()
-                heard[src] = (time.monotonic(), comm.recv(source=src, tag=_TAG))
+            self._exchange(self._beat(now), heard, pending)
             if self._stack_file is not None:
                 self._serve_dumps(status)
             st = self._state
@@ -392,6 +439,10 @@ class Watchdog:
                 MPI.COMM_WORLD.Abort(1)
 
     def _fresh(self, r: int, now: float, started: float, heard: dict[int, Any]) -> bool:
+        """Whether ``r`` was heard within the staleness; the news of a rank other than the hub
+        is judged as of the hub's last digest (a late hub does not make them all silent)."""
+        if self.rank != HUB and r != HUB and HUB in heard:
+            now = heard[HUB][0]
         if r not in heard:
             return now - started < self.stale
         return now - heard[r][0] < self.stale
@@ -406,17 +457,21 @@ class Watchdog:
         peers: tuple[int, ...] | None,
         collective: bool,
     ) -> list[int]:
-        """The peers to blame: the silent ones; when none is silent, for a collective, those
-        not waiting at this phase or a later one (busy elsewhere, or behind) -- or, when such
-        a peer is itself waiting elsewhere, the silent ranks of the whole job."""
+        """The peers to blame: the hub when it is silent, else the silent ones; when none is
+        silent, for a collective, those not waiting at this phase or a later one (busy
+        elsewhere, or behind) -- or, when such a peer is itself waiting elsewhere, the silent
+        ranks of the whole job. Only current news (half the staleness) tells that a peer is
+        elsewhere: a late hub's is frozen."""
+        if self.rank != HUB and not self._fresh(HUB, now, started, heard):
+            return [HUB]  # the hub is silent: its news of the others is old, it is to blame
         ranks = [r for r in (peers or range(self.size)) if r != self.rank]
         silent = [r for r in ranks if not self._fresh(r, now, started, heard)]
         if silent or not collective:
             return silent
         out = []
         for r in ranks:
-            if r not in heard:  # just (re)started listening: no news is not bad news yet
-                continue
+            if r not in heard or now - heard[r][0] > self.stale / 2:  # no news (just listening)
+                continue  # or old news (the hub is late): not bad news yet
             rseq, rphase, rwaited, _ = heard[r][1]
             if rwaited < 0 or rseq < seq or (rseq == seq and rphase != phase):
                 out.append(r)
@@ -429,7 +484,14 @@ class Watchdog:
         return out
 
     def _decider(self, now: float, heard: dict[int, Any], missing: list[int]) -> bool:
-        """True when no lower rank that is alive and waiting will report instead."""
+        """True when no lower rank that is alive and waiting will report instead. When the hub
+        is the silent one, the others' news is as old as its last digest: the lowest rank
+        alive then, or never heard of, reports (if it does not, the others do once late)."""
+        if self.rank != HUB and HUB in missing:  # a rank never heard of may be alive
+            return not any(
+                r not in missing and (r not in heard or self._fresh(r, now, self._started, heard))
+                for r in range(HUB + 1, self.rank)
+            )
         for r in range(self.rank):
             if r in missing or r not in heard:
                 continue

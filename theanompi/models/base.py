@@ -275,11 +275,13 @@ class Model:
         self._compile("eval", [g["x"], g["y"]], g["eval"], [])
         return self
 
-    def _compile(self, key: str, inputs: list[Any], outputs: list[Any], updates: list[Any]) -> Any:
+    def _compile(
+        self, key: str, inputs: list[Any], outputs: list[Any], updates: list[Any], mode: Any = None
+    ) -> Any:
         t0 = time.perf_counter()
         with pytensor.config.change_flags(traceback__limit=0):
             fn = pytensor.function(
-                inputs, outputs, updates=updates, name=f"{self.name}.{key}", mode=self._mode
+                inputs, outputs, updates=updates, name=f"{self.name}.{key}", mode=mode or self._mode
             )
         if self.backend == "jax":
             fn.trust_input = True  # _xy hands it device arrays of the right types
@@ -346,6 +348,30 @@ class Model:
         """Write the gradients of the loss on (x, y) into ``grads`` (``accumulate``: add
         them to what ``grads`` hold); params unchanged. Returns (loss, top-1 error) of (x, y)."""
         loss, err = self._fn("grads_add" if accumulate else "grads")(*self._train_xy(x, y))
+        return float(loss), float(err)
+
+    def compile_overlapped_grads(
+        self, buckets: list[list[int]], sink: Callable[[int, Sequence[np.ndarray]], None]
+    ) -> None:
+        """Compile :meth:`compute_grads_overlapped`: the gradient step that calls
+        ``sink(k, values)`` with bucket ``k``'s gradients (indices into ``grads``) as soon as
+        they exist, while it computes the rest (:mod:`theanompi.models.overlap`; C backend)."""
+        from theanompi.models.overlap import BucketReady, overlap_mode
+
+        if self.backend == "jax":
+            raise ValueError("overlapped gradients need the C backend (JAX compiles one XLA call)")
+        self.build()
+        g = self._g
+        marks = [BucketReady(k, sink)(*[g["grads"][i] for i in b]) for k, b in enumerate(buckets)]
+        outputs = [g["loss"], g["top1"], *marks]
+        self._compile(
+            "grads_overlap", [g["x"], g["y"]], outputs, g["state_up"], overlap_mode(self._mode)
+        )
+
+    def compute_grads_overlapped(self, x: Any, y: Any) -> tuple[float, float]:
+        """:meth:`compute_grads`, except that the gradients go to the sink given to
+        :meth:`compile_overlapped_grads`, not to ``grads``. Returns (loss, top-1 error)."""
+        loss, err, *_ = self._fns["grads_overlap"](*self._train_xy(x, y))
         return float(loss), float(err)
 
     def scale_grads(self, factor: float) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from theanompi.errors import ConfigError
 
-__all__ = ["SyncRule", "Server"]
+__all__ = ["SyncRule", "Server", "own_values", "set_own_values"]
 
 
 class Server:
@@ -41,6 +41,13 @@ class SyncRule:
        the workers, whatever the rule, so validation and checkpoints see their mean;
     4. ``finish(model) -> dict`` once, with extra summary fields (exchanges per rank ...).
 
+    Mid-epoch checkpoints (``output.checkpoint_every_*``, a stop on a signal) are written by
+    rules with ``mid_epoch_checkpoints``: at such a step boundary the Trainer calls
+    ``checkpoint_state(model)`` (a collective that settles whatever is in flight and returns
+    this rank's own state, ``None`` where the checkpoint's values are every rank's), then
+    ``eval_values`` for the checkpoint's values; on a resume from it the rule gets the state
+    back through ``load_checkpoint_state`` after ``setup``.
+
     Class attributes describe the rule to config validation, the CLI and the loop:
     ``min_ranks``, ``uses_strategy`` (``exch_strategy`` applies), ``synchronous``,
     ``identical_replicas``, ``bit_exact_resume`` and ``supports_accumulation``; the
@@ -61,6 +68,9 @@ class SyncRule:
     #: ``training.accumulate_steps`` > 1 allowed (:meth:`accumulate`); a rule whose
     #: ``train_step`` is more than the model's step overrides ``accumulate`` or sets False
     supports_accumulation: ClassVar[bool] = True
+    #: mid-epoch checkpoints resume the run where it was (``checkpoint_state``): otherwise
+    #: ``output.checkpoint_every_*`` are ignored and checkpoints stay per epoch
+    mid_epoch_checkpoints: ClassVar[bool] = False
     #: the whole job's communicator, set by :meth:`worker_comm`
     world: Any = None
 
@@ -172,3 +182,35 @@ class SyncRule:
     def finish(self, model: Any) -> dict[str, Any]:
         """Last call on a worker (collective); returns extra summary fields."""
         return {}
+
+    # -- mid-epoch checkpoints -----------------------------------------------------------
+    def checkpoint_state(self, model: Any) -> tuple[list[np.ndarray], dict[str, Any]] | None:
+        """Collective over the workers at a mid-epoch checkpoint: settle what is in flight,
+        then return this rank's own state that a resume needs beside the checkpoint's values
+        (arrays, JSON-able meta), or ``None`` where the replicas are the checkpoint's."""
+        return None
+
+    def load_checkpoint_state(self, model: Any, arrays: list[np.ndarray], meta: Any) -> None:
+        """Take back what :meth:`checkpoint_state` returned on this rank (after ``setup``)."""
+
+
+def own_values(model: Any) -> list[np.ndarray]:
+    """Copies of this rank's parameters, then its optimiser state: a worker's own replica."""
+    from theanompi.models.params import get_values
+
+    items = list(model.params) + list(getattr(model, "opt_state", []) or [])
+    return [np.array(a, copy=True) for a in get_values(items)]
+
+
+def set_own_values(model: Any, arrays: list[np.ndarray]) -> None:
+    """Set the parameters and optimiser state from :func:`own_values`'s arrays (cast to
+    each variable's dtype); ``ValueError`` when they do not fit the model."""
+    from theanompi.models.params import get_values, set_values
+
+    items = list(model.params) + list(getattr(model, "opt_state", []) or [])
+    have = get_values(items)
+    if len(arrays) != len(items) or any(
+        a.shape != h.shape for a, h in zip(arrays, have, strict=True)
+    ):
+        raise ValueError("the saved worker state does not fit this model")
+    set_values(items, [np.asarray(a, dtype=h.dtype) for a, h in zip(arrays, have, strict=True)])

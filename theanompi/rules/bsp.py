@@ -39,23 +39,49 @@ class BSP(SyncRule):
         ``avg`` (average parameters after the local step) or ``cdd`` (average gradients).
     compression
         A name in ``theanompi.exchange.compression.COMPRESSORS`` (what goes on the wire).
+    overlap, bucket_mb
+        ``cdd`` on the C backend: exchange the gradients in buckets of ``bucket_mb`` MB, each
+        as soon as the backward pass has produced it
+        (:class:`~theanompi.exchange.overlap.OverlappedExchange`): ``always``, ``never``, or
+        ``auto``: when the ranks span more than one node (in one node the exchange is a
+        memory copy, cheaper than handing buckets to a thread).
     """
 
     name = "BSP"
     uses_strategy: ClassVar[bool] = True
     identical_replicas: ClassVar[bool] = True
+    mid_epoch_checkpoints: ClassVar[bool] = True  # every replica is the checkpoint's
 
-    def __init__(self, strategy: str = "ar", sync_type: str = "avg", compression: str = "none"):
+    def __init__(
+        self,
+        strategy: str = "ar",
+        sync_type: str = "avg",
+        compression: str = "none",
+        overlap: str = "never",
+        bucket_mb: float = 25.0,
+    ):
         if sync_type not in SYNC_TYPES:
             raise ValueError(f"unknown sync_type {sync_type!r}; choose from {SYNC_TYPES}")
         self.strategy, self.sync_type, self.compression = strategy, sync_type, compression
         self.cdd = sync_type == "cdd"
+        self.overlap, self.bucket_mb = overlap if self.cdd else "never", bucket_mb
         self.exchanger: Any = None
+        self.overlapped: Any = None  # OverlappedExchange, when the gradients overlap
+        self._in_flight = False  # this step's buckets went to `overlapped`
+        self.hidden_s = 0.0  # of the last step's exchange, the seconds hidden under compute
+        self.bucket_spans: list[tuple[int, float, float]] = []  # last step's (k, start, end)
+        self._comm: Any = None
 
     @classmethod
     def from_config(cls, weight_exchange: Any, seed: int) -> BSP:
         we = weight_exchange
-        return cls(strategy=we.exch_strategy, sync_type=we.sync_type, compression=we.compression)
+        return cls(
+            strategy=we.exch_strategy,
+            sync_type=we.sync_type,
+            compression=we.compression,
+            overlap=we.overlap,
+            bucket_mb=we.bucket_mb,
+        )
 
     @property
     def local_opt_state(self) -> bool:
@@ -81,24 +107,58 @@ class BSP(SyncRule):
     def _shared(self, model: Any) -> list[Any]:
         return model.grads if self.cdd else model.params
 
+    def _make_exchanger(self, comm: Any) -> Any:
+        from theanompi.exchange import create_exchanger
+
+        return create_exchanger(self.strategy, comm=comm, op="mean", compression=self.compression)
+
+    def _overlaps(self, model: Any, comm: Any) -> bool:
+        from theanompi.comm import local_size
+
+        if self.overlap == "never" or getattr(model, "backend", "c") != "c":
+            return False
+        if not hasattr(model, "compile_overlapped_grads"):
+            return False
+        return self.overlap == "always" or local_size(comm) < comm.Get_size()
+
     def setup(self, model: Any, comm: Any) -> None:
         if comm.Get_size() == 1:
             return
-        from theanompi.exchange import create_exchanger
+        self._comm = comm
+        shared = self._shared(model)
+        if self._overlaps(model, comm):
+            from theanompi.exchange.overlap import OverlappedExchange
 
-        self.exchanger = create_exchanger(
-            self.strategy, comm=comm, op="mean", compression=self.compression
-        )
-        self.exchanger.prepare(get_values(self._shared(model)))
+            shapes = [v.shape for v in get_values(shared)]
+            ox = OverlappedExchange(shapes, self.bucket_mb, self._make_exchanger, comm)
+            model.compile_overlapped_grads(ox.buckets, ox.start)
+            self.overlapped = ox
+            return
+        self.exchanger = self._make_exchanger(comm)
+        self.exchanger.prepare(get_values(shared))
 
     def train_step(self, model: Any, x: Any, y: Any) -> tuple[float, float]:
+        if self.overlapped is not None:
+            self._in_flight = True
+            return model.compute_grads_overlapped(x, y)
         return model.compute_grads(x, y) if self.cdd else model.train_step(x, y)
 
     def after_step(self, model: Any, step: int) -> float:
         from mpi4py import MPI
 
         t0 = MPI.Wtime()
-        if self.exchanger is not None:
+        self.hidden_s, self.bucket_spans = 0.0, []
+        if self._in_flight:  # the buckets are on their way: wait for the rest
+            self._in_flight = False
+            ox = self.overlapped
+            waited = ox.wait()
+            self.hidden_s = max(0.0, ox.take_busy() - waited)
+            self.bucket_spans = ox.take_spans()
+            set_values(model.grads, [ox.result(i) for i in range(len(model.grads))])
+        elif self._comm is not None:  # serial (also the K > 1 sub-batch steps of overlap)
+            if self.exchanger is None:
+                self.exchanger = self._make_exchanger(self._comm)
+                self.exchanger.prepare(get_values(self._shared(model)))
             shared = self._shared(model)
             arrays = get_values(shared)
             self.exchanger.exchange(arrays)
@@ -107,3 +167,8 @@ class BSP(SyncRule):
         if self.cdd:
             model.apply_grads()  # compute: the trainer counts it as such
         return t1 - t0
+
+    def finish(self, model: Any) -> dict[str, Any]:
+        if self.overlapped is not None:
+            self.overlapped.close()
+        return {}

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from theanompi.errors import ConfigError
-from theanompi.rules.base import Server, SyncRule
+from theanompi.rules.base import Server, SyncRule, own_values, set_own_values
 
 __all__ = [
     "EASGD",
@@ -299,6 +299,7 @@ class EASGD(SyncRule):
     min_ranks: ClassVar[int] = 2
     synchronous: ClassVar[bool] = False
     bit_exact_resume: ClassVar[bool] = False
+    mid_epoch_checkpoints: ClassVar[bool] = True
 
     def __init__(self, alpha: float = 0.5, avg_freq: int = 2, sync_start: bool = True) -> None:
         if not sync_start:
@@ -368,6 +369,17 @@ class EASGD(SyncRule):
             self.worker.fetch_centre(centre)
         comm.Bcast([centre, MPI.FLOAT], root=0)
         return self.buf.split(centre)
+
+    def checkpoint_state(self, model: Any) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """The worker's own parameters and momentum (the centre is the checkpoint's values).
+        Nothing is in flight at a step boundary: an exchange ends before ``after_step``
+        returns, so the centre fetched next holds every exchange of the steps before."""
+        return own_values(model), {"exchanges": self.worker.exchanges}
+
+    def load_checkpoint_state(self, model: Any, arrays: list[np.ndarray], meta: Any) -> None:
+        """Resume as the worker was: its own values (the server got the centre in ``setup``)."""
+        set_own_values(model, arrays)
+        self.worker.exchanges = int(meta.get("exchanges", 0))
 
     def finish(self, model: Any) -> dict[str, Any]:
         self.worker.done()

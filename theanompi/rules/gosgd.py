@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from theanompi.rules.base import SyncRule
+from theanompi.rules.base import SyncRule, own_values, set_own_values
 
 __all__ = ["GOSGD", "Gossip", "TAG_HEAD", "TAG_DATA"]
 
@@ -139,6 +139,28 @@ class Gossip:
         MPI.Request.Waitall(self._reqs)
         self._reqs = []
 
+    def state(self) -> dict[str, Any]:
+        """What a resume needs (JSON-able; call with nothing in flight, after :meth:`drain`):
+        the weight, the draws' generator state and the counts :meth:`drain` agrees on."""
+        return {
+            "weight": self.weight,
+            "rng": self.rng.bit_generator.state,
+            "sent": [int(c) for c in self.sent],
+            "received": self.received,
+            "pushes": self.pushes,
+            "skipped": self.skipped,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state` (same number of workers)."""
+        if len(state["sent"]) != self.size:
+            raise ValueError(f"gossip state of {len(state['sent'])} workers, now {self.size}")
+        self.weight = float(state["weight"])
+        self.rng.bit_generator.state = state["rng"]
+        self.sent[:] = state["sent"]
+        self.received = int(state["received"])
+        self.pushes, self.skipped = int(state["pushes"]), int(state["skipped"])
+
     def weighted_mean(self, x: np.ndarray) -> np.ndarray:
         """Collective: ``sum_i a_i x_i / sum_i a_i`` over the workers, in float64 on rank 0,
         then the same float32 bits on every rank."""
@@ -172,6 +194,7 @@ class GOSGD(SyncRule):
     min_ranks: ClassVar[int] = 2
     synchronous: ClassVar[bool] = False
     bit_exact_resume: ClassVar[bool] = False
+    mid_epoch_checkpoints: ClassVar[bool] = True
 
     def __init__(self, p: float = 0.5, seed: int = 0) -> None:
         if not 0.0 < p <= 1.0:
@@ -219,6 +242,16 @@ class GOSGD(SyncRule):
 
     def eval_values(self, model: Any) -> list[np.ndarray]:
         return self.buf.split(self.gossip.weighted_mean(self.buf.gather()))
+
+    def checkpoint_state(self, model: Any) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Collective: receive every push in flight (as at an epoch end), then this worker's
+        own values and momentum, its gossip weight, its draws' generator and its counts."""
+        self.epoch_end(model)
+        return own_values(model), self.gossip.state()
+
+    def load_checkpoint_state(self, model: Any, arrays: list[np.ndarray], meta: Any) -> None:
+        set_own_values(model, arrays)
+        self.gossip.load_state(meta)
 
     def finish(self, model: Any) -> dict[str, Any]:
         g = self.gossip

@@ -18,7 +18,8 @@ def fmt_ms(seconds: float) -> str:
 
 @dataclass
 class StepStats:
-    """Per-step numbers of one rank: loss, error, and seconds in compute / exchange / data wait."""
+    """Per-step numbers of one rank: loss, error, and seconds in compute / exchange / data wait
+    (``exchange``: what the step waited for; ``hidden``: exchange seconds under compute)."""
 
     loss: list[float] = field(default_factory=list)
     err: list[float] = field(default_factory=list)
@@ -26,9 +27,17 @@ class StepStats:
     exchange: list[float] = field(default_factory=list)
     wait: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
+    hidden: list[float] = field(default_factory=list)
 
     def add(
-        self, loss: float, err: float, compute: float, exchange: float, wait: float, wall: float
+        self,
+        loss: float,
+        err: float,
+        compute: float,
+        exchange: float,
+        wait: float,
+        wall: float,
+        hidden: float = 0.0,
     ) -> None:
         self.loss.append(float(loss))
         self.err.append(float(err))
@@ -36,6 +45,7 @@ class StepStats:
         self.exchange.append(exchange)
         self.wait.append(wait)
         self.wall.append(wall)
+        self.hidden.append(hidden)
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -45,7 +55,7 @@ class StepStats:
         return StepStats(
             *(
                 getattr(self, k)[start:]
-                for k in ("loss", "err", "compute", "exchange", "wait", "wall")
+                for k in ("loss", "err", "compute", "exchange", "wait", "wall", "hidden")
             )
         )
 
@@ -58,8 +68,13 @@ class StepStats:
         return float(statistics.median(v)) if v else float("nan")
 
     def split(self) -> dict[str, float]:
-        """Mean seconds per step in compute / exchange / wait, and the mean step wall time."""
-        return {f"t_{k}": self.mean(k) for k in ("compute", "exchange", "wait", "wall")}
+        """Mean seconds per step in compute / exchange / wait, the mean step wall time, and the
+        exchange seconds hidden under compute."""
+        return {f"t_{k}": self.mean(k) for k in ("compute", "exchange", "wait", "wall", "hidden")}
+
+
+def _hidden(seconds: float) -> str:
+    return f" (+{fmt_ms(seconds)} hidden)" if seconds > 0 else ""
 
 
 class Progress:
@@ -116,7 +131,8 @@ class Progress:
         self.log(
             f"[{self.tag}] epoch {epoch + 1}/{n_epochs} step {step_in_epoch}/{steps_per_epoch} | "
             f"loss {loss:.4f} err {err * 100:.2f}% | {ips:,.0f} img/s | compute "
-            f"{fmt_ms(split['t_compute'])}, exchange {fmt_ms(split['t_exchange'])}, wait "
+            f"{fmt_ms(split['t_compute'])}, exchange {fmt_ms(split['t_exchange'])}"
+            f"{_hidden(split['t_hidden'])}, wait "
             f"{fmt_ms(split['t_wait'])} per step | lr {lr:.4g}"
         )
         return entry

@@ -54,6 +54,8 @@ class Snapshotter:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.local_opt = local_opt and self.size > 1
         self.meta = dict(meta or {})  # written into every checkpoint (config, rule ...)
+        #: after :meth:`restore`: this rank's rule state from its side file (arrays, meta)
+        self.rank_state: tuple[list[np.ndarray], Any] | None = None
 
     def due(self, epoch_done: int, n_epochs: int) -> bool:
         """Checkpoint after ``epoch_done`` finished epochs? Every ``snapshot_freq`` epochs and
@@ -68,10 +70,15 @@ class Snapshotter:
         step: int,
         extra: dict[str, Any] | None = None,
         step_in_epoch: int = 0,
+        rank_state: tuple[list[np.ndarray], dict[str, Any]] | None = None,
     ) -> Path:
         """Collective: write ``epoch_{epoch_done:04d}.npz`` (``..._step_{k:05d}.npz`` for a
         mid-epoch checkpoint after ``step_in_epoch`` steps of the next epoch), with the side
         files, then drop all but the last ``keep_last``; returns its path.
+
+        ``rank_state``: this rank's own state from the rule's ``checkpoint_state`` (EASGD's
+        and GOSGD's workers: own parameters, momentum, gossip weight); it goes in this
+        rank's side file, rank 0's included, and :meth:`restore` hands it back.
 
         A full disk or a refused write on any rank raises the same one-line
         :class:`~theanompi.errors.ResourceError` on every rank, and leaves neither the
@@ -79,12 +86,16 @@ class Snapshotter:
         """
         path = checkpoint_path(self.dir, epoch_done, step_in_epoch)
         rngs = get_rng_states(self.model)
-        side = rank_state_path(path, self.rank) if self.size > 1 and self.rank > 0 else None
+        ranked = self.size > 1 and self.rank > 0
+        side = rank_state_path(path, self.rank) if ranked or rank_state is not None else None
         err: str | None = None
         if side is not None:
             opt = (
-                [np.asarray(a) for a in get_values(self.model.opt_state)] if self.local_opt else []
+                [np.asarray(a) for a in get_values(self.model.opt_state)]
+                if self.local_opt and ranked
+                else []
             )
+            own, own_meta = rank_state if rank_state is not None else ([], None)
             info = {
                 "rank": self.rank,
                 "world_size": self.size,
@@ -92,10 +103,13 @@ class Snapshotter:
                 "step": step,
                 "step_in_epoch": step_in_epoch,
                 "rng": rngs,
-                "local_opt": self.local_opt,
+                "local_opt": self.local_opt and ranked,
+                "rule_state": own_meta,
             }
             err = _write(
-                lambda: save_arrays(side, [], opt, info), f"rank {self.rank} checkpoint state", side
+                lambda: save_arrays(side, own, opt, info),
+                f"rank {self.rank} checkpoint state",
+                side,
             )
         err = self._first_error(err)
         if err is None and self.rank == 0:
@@ -189,23 +203,7 @@ class Snapshotter:
             if ck is None:
                 ck = Checkpoint(path=path, params=[], opt_state=[], meta=meta)
         assert ck is not None
-        found = 1
-        if self.size > 1 and self.rank > 0:
-            side = rank_state_path(ck.path, self.rank)
-            found = 0
-            if side.exists():
-                sc = load_checkpoint(side)
-                if int(sc.meta.get("world_size", -1)) == self.size:
-                    if sc.meta.get("local_opt") and sc.opt_state:
-                        set_values(
-                            self.model.opt_state,
-                            [
-                                np.array(a, dtype=v.get_value(borrow=True).dtype)
-                                for a, v in zip(sc.opt_state, self.model.opt_state, strict=True)
-                            ],
-                        )
-                    set_rng_states(self.model, sc.meta.get("rng", []))
-                    found = 1
+        found = self._restore_side(ck.path)
         if self.size > 1:
             from mpi4py import MPI
 
@@ -218,6 +216,30 @@ class Snapshotter:
                 flush=True,
             )
         return ck
+
+    def _restore_side(self, path: Path) -> int:
+        """This rank's side file of ``path`` applied (momentum, RNG) and its rule state kept in
+        :attr:`rank_state`; returns 0 where a rank > 0 found none for this world size."""
+        self.rank_state = None
+        side = rank_state_path(path, self.rank)
+        found = int(self.size == 1 or self.rank == 0)
+        if side.exists():
+            sc = load_checkpoint(side)
+            if int(sc.meta.get("world_size", -1)) == self.size:
+                if sc.meta.get("rule_state") is not None:
+                    self.rank_state = (sc.params, sc.meta["rule_state"])
+                if self.rank > 0:
+                    if sc.meta.get("local_opt") and sc.opt_state:
+                        set_values(
+                            self.model.opt_state,
+                            [
+                                np.array(a, dtype=v.get_value(borrow=True).dtype)
+                                for a, v in zip(sc.opt_state, self.model.opt_state, strict=True)
+                            ],
+                        )
+                    set_rng_states(self.model, sc.meta.get("rng", []))
+                    found = 1
+        return found
 
 
 def _write(save: Callable[[], Any], what: str, path: Path) -> str | None:

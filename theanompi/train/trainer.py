@@ -110,11 +110,12 @@ class Trainer:
         self.wd = watchdog if watchdog is not None else Watchdog(comm, 0)
         self.last_ckpt: str | None = None
         self._next_ckpt_t = 0.0  # wtime() of the next minute-based checkpoint
-        self.mid_ok = bool(rule.identical_replicas)  # mid-epoch checkpoints: BSP only
+        # mid-epoch checkpoints: rules that can resume from one (BSP, EASGD, GOSGD)
+        self.mid_ok = bool(getattr(rule, "mid_epoch_checkpoints", rule.identical_replicas))
         if not self.mid_ok and self._mid_asked():
             self.log(
-                f"note: output.checkpoint_every_* are ignored for {rule.name}: its values are "
-                "only consistent at epoch ends (checkpoints stay per epoch)"
+                f"note: output.checkpoint_every_* are ignored for {rule.name}: it cannot resume "
+                "mid-epoch (checkpoints stay per epoch)"
             )
         # the watchdog names ranks of the job; the workers' communicator may be smaller
         self.peers = self._world_ranks()
@@ -189,6 +190,9 @@ class Trainer:
         n_epochs = self.settings.n_epochs
         with self._waiting("the buffer broadcast"):  # worker 0's (the checkpoint's on resume)
             bcast_values(getattr(self.model, "buffers", []), self.comm)
+        own = getattr(self.snap, "rank_state", None)  # a mid-epoch checkpoint's worker state
+        if own is not None and start_in_epoch:  # only rules with checkpoint_state write one
+            self.rule.load_checkpoint_state(self.model, *own)
         summary: dict[str, Any] = {"val_top1_err": None, "val_top5_err": None, "val_loss": None}
         interrupted = False
         epoch = epochs_done = start_epoch
@@ -291,8 +295,13 @@ class Trainer:
                         interrupted, save_mid = self._agree(stop, bad, epoch, step)
                     save_mid = (save_mid or ckpt_due) and not last
                 t4 = wtime()
-                s.add(loss, err, (t3 - t0) - waited - exch, exch + (t4 - t3), waited, t4 - t0)
+                hidden = getattr(rule, "hidden_s", 0.0)  # exchange under compute (overlap)
+                s.add(
+                    loss, err, (t3 - t0) - waited - exch, exch + (t4 - t3), waited, t4 - t0, hidden
+                )
                 tl.add("exchange", t2, t4, step=step)
+                for b, start, end in getattr(rule, "bucket_spans", ()):  # overlap's thread
+                    tl.add("bucket exchange", start, end, thread="exchange", step=step, bucket=b)
                 if check_every and step % check_every == 0:
                     with self._waiting("the replica check"):
                         assert_identical(model.params, self.comm, step)
@@ -379,12 +388,25 @@ class Trainer:
             )
 
     def _save_mid(self, epoch: int, k: int, step: int) -> None:
-        """Collective: a mid-epoch checkpoint after ``k`` steps of ``epoch``."""
+        """Collective: a mid-epoch checkpoint after ``k`` steps of ``epoch``: the rule's values
+        (EASGD's centre, GOSGD's weighted mean) with each rank's own state beside them."""
         t0 = wtime()
+        model, rule = self.model, self.rule
         with self._waiting("a mid-epoch checkpoint"):
             self._check_params(epoch, step)
             self.average_buffers()
-            self.last_ckpt = str(self.snap.save(epoch, step, {"mid_epoch": True}, k))
+            settle = getattr(rule, "checkpoint_state", None)  # a SyncRule's: nothing in flight
+            state = settle(model) if settle is not None else None
+            values = rule.eval_values(model)
+            own = None if values is None else [np.array(a) for a in get_values(model.params)]
+            if values is not None:
+                set_values(model.params, values)
+            try:
+                saved = self.snap.save(epoch, step, {"mid_epoch": True}, k, rank_state=state)
+            finally:
+                if own is not None:
+                    set_values(model.params, own)
+            self.last_ckpt = str(saved)
         self._next_ckpt_t = wtime() + 60 * self.settings.checkpoint_every_minutes
         self.timeline.add("checkpoint", t0, wtime(), step=step)
 

@@ -25,6 +25,7 @@ from theanompi.models.ops.conv import (  # noqa: E402
 )
 from theanompi.models.ops.lrn import LRNGrad, LRNOp, lrn  # noqa: E402
 from theanompi.models.ops.pool import Pool2d, Pool2dGrad, pool2d, pool_output_size  # noqa: E402
+from theanompi.models.ops.rewrites import inline_softmax  # noqa: E402
 
 __all__ = [
     "BACKENDS",
@@ -44,6 +45,7 @@ __all__ = [
     "Pool2dGrad",
     "pool2d",
     "pool_output_size",
+    "inline_softmax",
 ]
 
 

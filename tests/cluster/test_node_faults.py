@@ -1,0 +1,88 @@
+"""A remote node's processes killed mid-training under ``tmpi train -n 4`` across the simulated
+two-node cluster: only its ranks (its mpirun daemon alive), or only its daemon. Either way the
+launcher ends with one line naming the host (mpirun's banners and the survivors' "Socket
+closed" reports dropped), exit 1, and no process left on either node. (SIGKILL of the whole
+node: ``test_cluster.py::test_killing_one_node_ends_the_job_naming_the_host``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from theanompi.launch.mpirun import mpirun_env
+from theanompi.launch.simcluster import SimCluster
+from theanompi.launch.testing import REPO
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+sys.path.insert(0, str(REPO / "tests" / "fault"))
+from harness import tiny_train_args, write_tiny_data  # noqa: E402
+
+_LINES = {
+    "ranks": r"tmpi: error: rank [23] \(pid \d+\) on host nodeb was killed by signal 9 "
+    r"\(SIGKILL\); mpirun stopped the other ranks",
+    "daemon": r"tmpi: error: lost host nodeb \(ranks 2-3\): its mpirun daemon died or the node "
+    r"went down; mpirun stopped the other ranks",
+}
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_data(tmp_path_factory.mktemp("node_faults") / "data")
+
+
+@pytest.mark.parametrize("what", ["ranks", "daemon"])
+def test_a_killed_remote_node_is_one_line(
+    cluster: SimCluster, data: Path, tmp_path: Path, what: str
+) -> None:
+    train, *args = tiny_train_args(data, tmp_path / "r", "--set", "training.print_freq=1")
+    argv = [sys.executable, "-m", "theanompi.cli", train, "-n", "4"]
+    argv += ["--hostfile", str(cluster.hostfile), "--mpi-args", cluster.mpi_args, *args]
+    env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        cluster.on_head(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if re.search(r"epoch 2/\d+ step \d+/", line):
+            break
+    else:
+        pytest.fail("training never reached epoch 2:\n" + "".join(lines[-40:]))
+    wanted = "python" if what == "ranks" else "prted"
+    victims = [p for p in cluster.pids(1) if _name(p).startswith(wanted)]
+    assert victims, [(p, _name(p)) for p in cluster.pids(1)]
+    killed = time.monotonic()
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        rest, _ = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    took = time.monotonic() - killed
+    assert proc.returncode == 1, rest[-3000:]
+    assert took < 30, took
+    after = [ln for ln in rest.splitlines() if not re.search(r"\| lr [\d.e-]+$|img/s", ln)]
+    errors = [ln for ln in after if re.search(r"error|\*\*\*|^---|abort", ln, re.I)]
+    assert len(errors) == 1 and re.fullmatch(_LINES[what], errors[0]), rest[-3000:]
+    deadline = time.monotonic() + 15
+    while (cluster.pids(0) or cluster.pids(1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cluster.pids(0) == [] and cluster.pids(1) == []
