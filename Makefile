@@ -27,7 +27,7 @@ LATEST_RUN = $(patsubst %/checkpoints/,%,$(dir $(firstword $(shell ls -t \
                runs/$(basename $(notdir $(MODEL)))-*/checkpoints/epoch_*.npz 2>/dev/null))))
 EVAL_RUN   = $(or $(RUN),$(if $(NAMED),$(RUN_NAME),$(or $(LATEST_RUN),$(RUN_NAME))))
 
-.PHONY: venv constraints data train eval demo test test-serial test-mpi test-slurm bench bench-prep bench-exchange bench-model bench-train lint clean
+.PHONY: venv constraints data train eval demo test test-serial test-mpi test-slurm bench bench-prep bench-exchange bench-model bench-train bench-cluster lint clean
 
 venv: $(STAMP)
 
@@ -92,6 +92,10 @@ bench-model: venv
 
 bench-train: venv
 	$(TMPI) bench train
+
+# root only: two network namespaces on a shaped 1 Gbit veth (issue 29); not part of `make bench`
+bench-cluster: venv
+	$(TMPI) bench cluster
 
 lint: venv
 	$(BIN)/ruff check theanompi prep pipelines tests

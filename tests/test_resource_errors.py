@@ -42,8 +42,10 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
 
 def _one_error(stderr: str) -> str:
     # under a bare mpirun, Open MPI's abort banner is written beside our line and may leave a
-    # stray space in front of it (seen in CI): the line itself must be there, once
-    errs = [ln.lstrip() for ln in stderr.splitlines() if ln.lstrip().startswith("tmpi: error")]
+    # stray space or NUL in front of it (seen in CI): the line itself must be there, once
+    errs = [
+        ln.lstrip(" \0") for ln in stderr.splitlines() if ln.lstrip(" \0").startswith("tmpi: error")
+    ]
     assert len(errs) == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     return errs[0]

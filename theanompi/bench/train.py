@@ -20,14 +20,18 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from theanompi.bench._memory import MB
 from theanompi.comm import under_mpirun
 from theanompi.io.dataset import MANIFEST, read_manifest
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from theanompi.launch.hosts import Placement
+
+__all__ = ["main", "run_n", "ensure_data"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per rank [default: 1]")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override (value read as YAML), e.g. weight_exchange.overlap=never; repeatable",
+    )
+    p.add_argument(
         "--no-ceiling",
         dest="ceiling",
         action="store_false",
@@ -79,7 +91,22 @@ def _overrides(args: argparse.Namespace, data: Path, run_dir: Path) -> dict[str,
         over["data.image_size"] = int(read_manifest(data)["size"])
     if args.batch_size:
         over["model.batch_size"] = args.batch_size
-    return over
+    return over | parse_sets(args.sets)
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
+    """``["a.b=1", "c={x: [1, 2]}"]`` -> ``{"a.b": 1, "c": {"x": [1, 2]}}`` (values are YAML)."""
+    import yaml
+
+    from theanompi.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. model.batch_size=64")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -114,6 +141,7 @@ def _worker(args: argparse.Namespace) -> int:
             s = train_run(cfg, comm=comm, model=model)
     b = int(cfg.model.batch_size)
     mine = {k: s[f"median_{k}_s"] for k in ("wall", "compute", "exchange", "wait")}
+    mine["hidden"] = s.get("median_hidden_s", s.get("t_hidden", 0.0))  # exchange under compute
     mine["peak_rss"] = peak_rss_bytes()  # the whole run: build, steps, exchanges, validation
     everyone = world.gather(mine, root=0)
     if world.Get_rank() == 0:
@@ -132,6 +160,7 @@ def _worker(args: argparse.Namespace) -> int:
             "compute_s": mine["compute"],
             "exchange_s": mine["exchange"],
             "wait_s": mine["wait"],
+            "hidden_s": mine["hidden"],
             "param_mb": param_bytes(model.params) / MB,
             "peak_rss_mb": max(r["peak_rss"] for r in everyone) / MB,
             "peak_rss_mb_per_rank": [r["peak_rss"] / MB for r in everyone],
@@ -141,7 +170,7 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ensure_data(data: Path | None) -> Path:
+def ensure_data(data: Path | None) -> Path:
     if data is not None:
         if not (data / MANIFEST).exists():
             from theanompi.errors import DataError
@@ -165,9 +194,19 @@ def _ensure_data(data: Path | None) -> Path:
     return built
 
 
-def _run_n(
-    args: argparse.Namespace, data: Path, n: int, out: Path, independent: bool = False
+def run_n(
+    args: argparse.Namespace,
+    data: Path,
+    n: int,
+    out: Path,
+    independent: bool = False,
+    *,
+    placement: Placement | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
 ) -> dict[str, Any]:
+    """One timed run of ``n`` ranks; rank 0's summary row. ``placement`` says where the ranks
+    go (default: this machine), ``wrap`` turns the mpirun command into the one to run (e.g.
+    :meth:`SimCluster.on_head`)."""
     from theanompi.launch.mpirun import mpirun_command, mpirun_env
 
     argv = [sys.executable, "-m", "theanompi.bench.train", "--worker", str(out)]
@@ -178,13 +217,17 @@ def _run_n(
         argv += ["--batch-size", str(args.batch_size)]
     if independent:
         argv.append("--independent")
+    for item in args.sets:
+        argv += ["--set", item]
     env = mpirun_env() | {
         "OPENBLAS_NUM_THREADS": str(args.blas_threads),
         "OMP_NUM_THREADS": str(args.blas_threads),
     }
-    proc = subprocess.run(mpirun_command(n, argv), env=env, capture_output=True, text=True)
+    cmd = mpirun_command(n, argv, placement)
+    proc = subprocess.run(wrap(cmd) if wrap else cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        tail = [x for x in lines if x.startswith("tmpi: error")][:1] or lines[-5:]
         raise RuntimeError(f"bench train: N={n} failed ({proc.returncode}): " + " | ".join(tail))
     return json.loads(out.read_text())
 
@@ -236,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     from theanompi.errors import UserError
 
     try:
-        data = _ensure_data(args.data)
+        parse_sets(args.sets)  # a bad --set is one line here, not N ranks' tracebacks
+        data = ensure_data(args.data)
         ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
         rows = []
         with tempfile.TemporaryDirectory(prefix="tmpi-bench-") as tmp:
@@ -244,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 modes = [False] + ([True] if args.ceiling and n > 1 else [])
                 for ind in modes:
                     runs = [
-                        _run_n(args, data, n, Path(tmp) / f"n{n}_{ind}_{i}.json", ind)
+                        run_n(args, data, n, Path(tmp) / f"n{n}_{ind}_{i}.json", ind)
                         for i in range(args.repeats)
                     ]
                     rows.append(_median_run(runs))

@@ -42,3 +42,9 @@ def bench_model(ctx: typer.Context) -> None:
 def bench_train(ctx: typer.Context) -> None:
     """Training images/s at N=1 and N=2 with the compute/exchange/wait split."""
     _bench("theanompi.bench.train", ctx.args)
+
+
+@app.command("cluster", context_settings=_BENCH_CTX)
+def bench_cluster(ctx: typer.Context) -> None:
+    """Two simulated nodes on a 1 Gbit link (root): overlap, hierarchical, PyTorch DDP twin."""
+    _bench("theanompi.bench.cluster", ctx.args)

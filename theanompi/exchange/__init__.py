@@ -41,7 +41,12 @@ STRATEGIES: Registry[type[Exchanger]] = Registry(
 
 
 def create_exchanger(
-    name: str, comm: Any = None, op: str = "mean", compression: str = "none", **kw: Any
+    name: str,
+    comm: Any = None,
+    op: str = "mean",
+    compression: str = "none",
+    hierarchical: bool = False,
+    **kw: Any,
 ) -> Exchanger:
     """The exchanger called ``name`` on ``comm`` (default ``MPI.COMM_WORLD``).
 
@@ -58,8 +63,14 @@ def create_exchanger(
         :data:`~theanompi.exchange.compression.COMPRESSORS`): ``"fp16"`` sends float16
         (half the bytes; error bound in :meth:`Exchanger.error_bound`). ``asa16`` always
         sends float16; ``asa32`` with ``"fp16"`` is ``asa16``.
+    hierarchical : bool
+        Reduce inside each node through shared memory and run ``name`` between one leader
+        per node (:class:`~theanompi.exchange.hierarchical.HierarchicalExchanger`; collective
+        over ``comm``; :func:`~theanompi.exchange.hierarchical.hierarchical_wanted` decides
+        ``weight_exchange.hierarchical``). Power-of-2 strategies then need 2^k nodes.
     **kw
-        Strategy options (``fuse_below`` and ``segment`` for ``ar``, ``segment`` for ``copper``).
+        Strategy options (``fuse_below`` and ``segment`` for ``ar``, ``segment`` for ``copper``;
+        ``node`` and ``poll_s`` with ``hierarchical``).
 
     Returns
     -------
@@ -73,4 +84,8 @@ def create_exchanger(
     ...
     theanompi.errors.ConfigError: unknown exchanger 'allreduce'; choose from 'ar', 'asa32', 'asa16', 'copper', 'ar_per_array', or give package.module:Class or path/to/file.py:Class
     """
+    if hierarchical:
+        from theanompi.exchange.hierarchical import HierarchicalExchanger
+
+        return HierarchicalExchanger(name, comm=comm, op=op, compression=compression, **kw)
     return STRATEGIES.get(name)(comm=comm, op=op, compression=compression, **kw)

@@ -229,21 +229,36 @@ class SimCluster:
         out = _ip("netns", "pids", self.namespaces[node], check=False).stdout
         return [int(p) for p in out.split()]
 
-    def shape(self, rate: str = "10gbit", delay: str = "25us") -> str:
-        """Shape both ends of the link: ``tc netem`` rate and one-way delay, or, where the
-        kernel lacks netem, ``tc tbf`` rate only. Returns what was applied."""
+    @property
+    def interfaces(self) -> tuple[str, ...]:
+        """Each node's end of the veth (e.g. for ``GLOO_SOCKET_IFNAME``)."""
+        return self._veths
+
+    def shape(
+        self,
+        rate: str = "10gbit",
+        delay: str = "25us",
+        *,
+        tbf: bool = False,
+        burst: str = "1mb",
+        latency: str = "10ms",
+    ) -> str:
+        """Shape both ends of the link: ``tc netem`` rate and one-way delay, or, with ``tbf``
+        or where the kernel lacks netem, ``tc tbf`` rate with ``burst`` and ``latency`` (the
+        queue's bound, not an added delay). Returns what was applied."""
 
         def qdisc(ns: str, veth: str, *spec: str) -> bool:
             cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", veth, "root"]
             return subprocess.run([*cmd, *spec], capture_output=True).returncode == 0
 
         pairs = list(zip(self.namespaces, self._veths, strict=True))
-        if all(qdisc(ns, v, "netem", "rate", rate, "delay", delay) for ns, v in pairs):
+        if not tbf and all(qdisc(ns, v, "netem", "rate", rate, "delay", delay) for ns, v in pairs):
             return f"netem rate {rate} delay {delay}"
         for ns, veth in pairs:
-            if not qdisc(ns, veth, "tbf", "rate", rate, "burst", "1mb", "latency", "10ms"):
+            if not qdisc(ns, veth, "tbf", "rate", rate, "burst", burst, "latency", latency):
                 raise RuntimeError(f"simulated cluster: tc cannot shape {veth} (netem, tbf)")
-        return f"tbf rate {rate} (no netem in this kernel: no added delay)"
+        why = "" if tbf else " (no netem in this kernel: no added delay)"
+        return f"tbf rate {rate} burst {burst} latency {latency}{why}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -79,6 +79,8 @@ _NODE_LOST = (
 # held for HOLD_S seconds, and dropped when a lost host explains it (the survivors' view)
 _MPI_ERROR = re.compile(rb"^\[[^\]\s]*\] \*\*\* ")
 HOLD_S = 3.0
+# a survivor's banner when its TCP peer vanished: held and dropped the same way
+_PEER_GONE = re.compile(rb"An MPI communication peer process has unexpectedly disconnected")
 # what each rank prints when it aborts with Open MPI's mpi_abort_delay (set by mpirun.relaunch
 # for jobs across nodes, so that a killed rank's node reports before its peers' aborts)
 _ABORT_DELAY = re.compile(rb"^\[[^\]\s]*\] Delaying for \d+ seconds before aborting\s*$")
@@ -473,6 +475,10 @@ class SupervisedRun:
                 return None
             text = b"".join(st.banner)
             st.banner.clear()
+            if not self.plan.banners and _PEER_GONE.search(text):
+                with self.lock:  # the survivors' view of a killed rank: explained at exit
+                    self.held.append((time.monotonic(), st.out, text))
+                return None
             return self._banner(text)
         if st.held or (start and _MPI_ERROR.match(line)):
             st.held = not st.start  # the report goes on in the next segment

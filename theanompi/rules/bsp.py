@@ -39,6 +39,10 @@ class BSP(SyncRule):
         ``avg`` (average parameters after the local step) or ``cdd`` (average gradients).
     compression
         A name in ``theanompi.exchange.compression.COMPRESSORS`` (what goes on the wire).
+    hierarchical
+        ``always``, ``never``, or ``auto`` (some node holds more than one rank, and there is
+        more than one node): reduce inside each node, exchange between one leader per node
+        (:class:`~theanompi.exchange.hierarchical.HierarchicalExchanger`).
     overlap, bucket_mb
         ``cdd`` on the C backend: exchange the gradients in buckets of ``bucket_mb`` MB, each
         as soon as the backward pass has produced it
@@ -59,12 +63,15 @@ class BSP(SyncRule):
         compression: str = "none",
         overlap: str = "never",
         bucket_mb: float = 25.0,
+        hierarchical: str = "never",
     ):
         if sync_type not in SYNC_TYPES:
             raise ValueError(f"unknown sync_type {sync_type!r}; choose from {SYNC_TYPES}")
         self.strategy, self.sync_type, self.compression = strategy, sync_type, compression
         self.cdd = sync_type == "cdd"
         self.overlap, self.bucket_mb = overlap if self.cdd else "never", bucket_mb
+        self.hierarchical = hierarchical
+        self._node_first = False  # the exchange reduces inside each node first (set up)
         self.exchanger: Any = None
         self.overlapped: Any = None  # OverlappedExchange, when the gradients overlap
         self._in_flight = False  # this step's buckets went to `overlapped`
@@ -81,6 +88,7 @@ class BSP(SyncRule):
             compression=we.compression,
             overlap=we.overlap,
             bucket_mb=we.bucket_mb,
+            hierarchical=we.hierarchical,
         )
 
     @property
@@ -95,7 +103,10 @@ class BSP(SyncRule):
 
     def describe(self) -> str:
         wire = "" if self.compression == "none" else f"+{self.compression}"
-        return f"exchange {self.strategy}{wire}/{self.sync_type}"
+        how = " between node leaders" if self._node_first else ""
+        if self.overlapped is not None:
+            how += f", {len(self.overlapped.buckets)} buckets under the backward pass"
+        return f"exchange {self.strategy}{wire}/{self.sync_type}{how}"
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -110,7 +121,13 @@ class BSP(SyncRule):
     def _make_exchanger(self, comm: Any) -> Any:
         from theanompi.exchange import create_exchanger
 
-        return create_exchanger(self.strategy, comm=comm, op="mean", compression=self.compression)
+        return create_exchanger(
+            self.strategy,
+            comm=comm,
+            op="mean",
+            compression=self.compression,
+            hierarchical=self._node_first,
+        )
 
     def _overlaps(self, model: Any, comm: Any) -> bool:
         from theanompi.comm import local_size
@@ -124,7 +141,10 @@ class BSP(SyncRule):
     def setup(self, model: Any, comm: Any) -> None:
         if comm.Get_size() == 1:
             return
+        from theanompi.exchange.hierarchical import hierarchical_wanted
+
         self._comm = comm
+        self._node_first = hierarchical_wanted(self.hierarchical, comm)
         shared = self._shared(model)
         if self._overlaps(model, comm):
             from theanompi.exchange.overlap import OverlappedExchange
