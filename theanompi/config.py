@@ -139,7 +139,7 @@ class WeightExchangeSection(Section):
     overlap: str = key("auto", choices=WHEN)
     bucket_mb: float = key(25.0, check=POSITIVE)  # overlap: MB of gradients per bucket
     # reduce inside each node, exchange between one leader per node, broadcast inside the node
-    # (auto: when some node holds more than one rank)
+    # (auto: when some node holds more than one rank, unless the strategy is node-aware: ar)
     hierarchical: str = key("auto", choices=WHEN)
 
 

@@ -61,6 +61,9 @@ class Exchanger:
     implied_compression: str | None = None
     #: a reference point for benchmarks (``ar_per_array``), not a choice for training
     baseline = False
+    #: its MPI collective already reduces inside a node before the network (``hierarchical:
+    #: auto`` then keeps it flat)
+    node_aware = False
 
     def __init__(self, comm: Any = None, op: str = "mean", compression: str = "none") -> None:
         if op not in OPS:

@@ -24,13 +24,16 @@ POLL_S = 0.0005
 _ALIGN = 16  # float32 elements (64 bytes): no two ranks write one cache line
 
 
-def hierarchical_wanted(mode: str, comm: Any = None) -> bool:
+def hierarchical_wanted(mode: str, comm: Any = None, strategy: str | None = None) -> bool:
     """Whether ``weight_exchange.hierarchical: mode`` asks for a hierarchical exchange on
-    ``comm``: ``auto`` when some node holds more than one rank and there is more than one
-    node (collective over ``comm`` for ``auto``).
+    ``comm``: ``auto`` when some node holds more than one rank, there is more than one node,
+    and ``strategy`` (a name in ``STRATEGIES``) is not ``node_aware`` already (collective over
+    ``comm`` for ``auto``).
 
     >>> hierarchical_wanted("never"), hierarchical_wanted("always")
     (False, True)
+    >>> hierarchical_wanted("auto", strategy="ar")  # Open MPI's Allreduce: node-aware
+    False
     """
     if mode not in MODES:
         raise ConfigError(
@@ -39,6 +42,11 @@ def hierarchical_wanted(mode: str, comm: Any = None) -> bool:
         )
     if mode != "auto":
         return mode == "always"
+    if strategy is not None:
+        from theanompi.exchange import STRATEGIES
+
+        if STRATEGIES.get(strategy).node_aware:
+            return False
     from mpi4py import MPI
 
     from theanompi.comm import node_comm, world

@@ -144,7 +144,7 @@ class BSP(SyncRule):
         from theanompi.exchange.hierarchical import hierarchical_wanted
 
         self._comm = comm
-        self._node_first = hierarchical_wanted(self.hierarchical, comm)
+        self._node_first = hierarchical_wanted(self.hierarchical, comm, self.strategy)
         shared = self._shared(model)
         if self._overlaps(model, comm):
             from theanompi.exchange.overlap import OverlappedExchange
