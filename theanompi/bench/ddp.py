@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
         }
         args.out.write_text(json.dumps(row))
+    dist.barrier()  # neither side closes its gloo sockets while the other still uses them
     dist.destroy_process_group()
     return 0
 
