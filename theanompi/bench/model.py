@@ -26,6 +26,14 @@ __all__ = ["main"]
 CASES = {
     "alexnet": dict(name="alexnet", input_size=227, channels=3, n_classes=1000),
     "small_cnn": dict(name="small_cnn", input_size=28, channels=3, n_classes=10),
+    # the digits CNN widened as the two-node bench trains it (3.3 M parameters, issue 26)
+    "small_cnn_wide": dict(
+        name="small_cnn",
+        input_size=28,
+        channels=3,
+        n_classes=10,
+        arch={"channels": [32, 64], "fc": 1024, "dropout": 0.25},
+    ),
     "googlenet": dict(name="googlenet", input_size=224, channels=3, n_classes=1000),
     "vgg16": dict(name="vgg16", input_size=224, channels=3, n_classes=1000),
     "resnet50": dict(name="resnet50", input_size=224, channels=3, n_classes=1000),

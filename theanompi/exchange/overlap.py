@@ -6,12 +6,14 @@ thread exchanges it with the chosen strategy while the step computes the next on
 :meth:`~OverlappedExchange.wait` after the step waits only for what is still on the wire.
 
 Why a thread and why it works: the compiled step holds the GIL, but an MPI call made through
-mpi4py releases it, and with ``MPI_THREAD_MULTIPLE`` the thread inside a blocking collective
-progresses it while the step computes. What the thread needs the GIL for is *starting* each
-call; :meth:`start` hands the GIL over until the thread is inside its first MPI call, and the
-step runs in PyTensor's Python VM loop, which lets the thread in again between Ops for a
-strategy's later calls (a C loop would hold the GIL until the step ends). Horovod keeps its
-thread in C++ for the same reason.
+mpi4py releases it, and with ``MPI_THREAD_MULTIPLE`` the thread progresses its exchange while
+the step computes. It waits in :class:`~theanompi.exchange.polling.PollingComm`'s calls,
+which sleep between progress calls instead of spinning a core the step needs. What the thread
+needs the GIL for is *starting* each call; :meth:`start` hands the GIL over when the thread is
+idle, until it is inside its first MPI call, and the step runs in PyTensor's Python VM loop,
+which lets the thread in again between Ops for a strategy's later calls and later buckets (a
+C loop would hold the GIL until the step ends). Horovod keeps its thread in C++ for the same
+reason.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from theanompi.exchange.polling import PollingComm
+
 __all__ = ["OverlappedExchange", "plan_buckets"]
 
-#: GIL switch interval while an overlapped exchange exists: how long the thread may wait for
-#: the GIL between its MPI calls (Python's default is 5 ms)
+#: GIL switch interval while buckets are in flight: how long the thread may wait for the GIL
+#: between its MPI calls (Python's default is 5 ms)
 SWITCH_INTERVAL_S = 0.0005
 #: the first bucket's MB (DDP's 1 MiB): the last layers' gradients leave without waiting
 FIRST_BUCKET_MB = 1.0
@@ -84,11 +88,12 @@ class OverlappedExchange:
         self.buckets = plan_buckets([4 * int(np.prod(s)) for s in shapes], bucket_mb)
         self._bufs = [[np.zeros(shapes[i], np.float32) for i in b] for b in self.buckets]
         self._where = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
-        self.comm = comm.Dup()
+        self.comm = PollingComm(comm.Dup())
         self._exchangers = [make_exchanger(self.comm) for _ in self.buckets]
         for ex, bufs in zip(self._exchangers, self._bufs, strict=True):
             ex.prepare(bufs)
-        self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
+        self._idle = False
         self._entered = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
         self._pending = 0
@@ -96,7 +101,6 @@ class OverlappedExchange:
         self.busy_s = 0.0
         self._spans: list[tuple[int, float, float]] = []
         self._old_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._old_interval, SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="theanompi-exchange", daemon=True)
         self._thread.start()
 
@@ -108,9 +112,16 @@ class OverlappedExchange:
         """Queue bucket ``k`` with these values (in the bucket's array order)."""
         for dst, src in zip(self._bufs[k], values, strict=True):
             np.copyto(dst, src)
+        if not self._pending:  # the thread's turns at the GIL come this often while it works
+            sys.setswitchinterval(min(self._old_interval, SWITCH_INTERVAL_S))
         self._pending += 1
-        self._queue.put(k)
-        self._entered.acquire()  # hand the GIL over until the thread is in (or past) MPI
+        # an idle thread gets the GIL until it is inside MPI; a busy one takes this bucket
+        # when it is done with its own, at one of the VM's switches between Ops: waiting for
+        # it here would stall the backward pass for a whole bucket's exchange (126 of 390 ms)
+        handover = self._idle
+        self._queue.put((k, handover))
+        if handover:
+            self._entered.acquire()
 
     def wait(self) -> float:
         """Wait for every started bucket; returns the seconds waited here."""
@@ -118,6 +129,7 @@ class OverlappedExchange:
         while self._pending:
             self._done.acquire()
             self._pending -= 1
+        sys.setswitchinterval(self._old_interval)
         waited = MPI.Wtime() - t0
         if self._error is not None:
             err, self._error = self._error, None
@@ -141,18 +153,21 @@ class OverlappedExchange:
 
     def close(self) -> None:
         if self._thread.is_alive():
-            self._queue.put(-1)
+            self._queue.put((-1, False))
             self._thread.join()
-            sys.setswitchinterval(self._old_interval)
+            sys.setswitchinterval(self._old_interval)  # a step that raised left it short
             self.comm.Free()
 
     def _run(self) -> None:
         while True:
-            k = self._queue.get()
+            self._idle = True
+            k, handover = self._queue.get()
+            self._idle = False
             if k < 0:
                 return
             t0 = MPI.Wtime()
-            self._entered.release()  # the exchange releases the GIL inside its first MPI call
+            if handover:  # the exchange releases the GIL inside its first MPI call
+                self._entered.release()
             try:
                 self._exchangers[k].exchange(self._bufs[k])
             except BaseException as err:  # raised again by wait(), on the caller's thread

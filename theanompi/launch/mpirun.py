@@ -48,14 +48,28 @@ def mpirun_command(n: int, argv: Sequence[str], placement: Placement | None = No
     return cmd + list(placement.mpi_args) + list(argv)
 
 
+#: Open MPI's nonblocking collectives, which the overlapped exchange waits on: libnbc picks
+#: binomial for an in-place ``Iallreduce`` and linear for ``Iallgather``; ring and recursive
+#: doubling run at the wire's speed (13 MB between two nodes over 1 Gbit, medians of 11:
+#: ``Iallreduce`` 182 -> 102 ms, ``Ialltoall`` + ``Iallgather`` 160 -> 117 ms; a
+#: ``Sendrecv`` of the whole buffer takes 101 ms). Both keep every rank's result identical.
+NONBLOCKING_COLLECTIVES = {
+    "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1",  # ring
+    "OMPI_MCA_coll_libnbc_iallgather_algorithm": "2",  # recursive doubling
+}
+
+
 def mpirun_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for mpirun: root-safe when uid is 0, quiet about missing networks."""
+    """Environment for mpirun: root-safe when uid is 0, quiet about missing networks, the
+    nonblocking collectives' algorithms (:data:`NONBLOCKING_COLLECTIVES`) unless set."""
     env = dict(os.environ if base is None else base)
     if hasattr(os, "getuid") and os.getuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PMIX_MCA_gds", "hash")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    for var, value in NONBLOCKING_COLLECTIVES.items():
+        env.setdefault(var, value)
     return env
 
 
