@@ -5,7 +5,6 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
@@ -14,13 +13,14 @@ from theanompi.comm import is_power_of_two
 from theanompi.errors import ConfigError
 from theanompi.exchange.base import Exchanger
 from theanompi.exchange.compression import _F32_TINY, _U32, _gamma, get_compressor
+from theanompi.exchange.polling import POLL_US, PollingComm, wait
 
 __all__ = ["HierarchicalExchanger", "hierarchical_wanted", "MODES", "POLL_S"]
 
 #: ``weight_exchange.hierarchical``
 MODES = ("auto", "always", "never")
-#: longest sleep between two ``Test`` calls of a rank waiting for its node (seconds)
-POLL_S = 0.0005
+#: a waiting rank's sleep between two progress calls (seconds)
+POLL_S = POLL_US / 1e6
 _ALIGN = 16  # float32 elements (64 bytes): no two ranks write one cache line
 
 
@@ -56,16 +56,6 @@ def hierarchical_wanted(mode: str, comm: Any = None, strategy: str | None = None
     most = comm.allreduce(node.Get_size(), op=MPI.MAX)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
     return most > 1 and nodes > 1
-
-
-def wait_idle(request: Any, poll_s: float = POLL_S) -> None:
-    """Complete a nonblocking MPI request without spinning on a core: ``Test``, then sleep
-    (10 µs, doubling up to ``poll_s``) so that a rank sharing a core with the one doing the
-    work gives it the core (Open MPI's blocking calls busy-poll)."""
-    nap = 1e-5
-    while not request.Test():
-        time.sleep(nap)
-        nap = min(nap * 2, poll_s)
 
 
 class HierarchicalExchanger(Exchanger):
@@ -104,7 +94,8 @@ class HierarchicalExchanger(Exchanger):
         several nodes on one machine with it. Default: the ranks that share memory
         (``Split_type(COMM_TYPE_SHARED)``).
     poll_s : float
-        Longest sleep of a waiting rank between two polls.
+        A waiting rank's sleep between two progress calls
+        (:func:`theanompi.exchange.polling.wait`: no core, no GIL).
     striped : bool
         Let every local rank exchange its chunk where nodes are equal (False: one leader).
     **kw
@@ -159,7 +150,9 @@ class HierarchicalExchanger(Exchanger):
         self._leaders = self.comm.Split(color, rank)  # striped: local rank j of every node
         self._inner = None
         if self.striped or leader:
-            self._inner = cls(comm=self._leaders, op="sum", compression=compression, **kw)
+            # the leaders wait asleep too: the node's other ranks share their cores
+            inner_comm = PollingComm(self._leaders, round(self.poll_s * 1e6))
+            self._inner = cls(comm=inner_comm, op="sum", compression=compression, **kw)
         # float16 carries values / N (no overflow); the mean divides there too
         self._pre = self.size if (op == "mean" or wire != "none") else 1
         self._post = np.float32(self.size if (op == "sum" and wire != "none") else 1)
@@ -214,7 +207,7 @@ class HierarchicalExchanger(Exchanger):
     def _node_barrier(self) -> None:
         """Everything written to the shared buffer before is visible to the node after (the
         barrier's messages order the memory accesses on one machine)."""
-        wait_idle(self._node.Ibarrier(), self.poll_s)
+        wait(self._node.Ibarrier(), round(self.poll_s * 1e6))
 
     def _exchange(self, arrays: list[np.ndarray]) -> None:
         mine, off = self._slots[self.local_rank], self._offsets
