@@ -67,7 +67,6 @@ __all__ = [
 LAYOUTS = ("c01b", "bc01")
 DATA_VERIFY = ("first_read", "all", "off")  # data.verify: batch digests against the manifest
 LR_SCALINGS = ("none", "linear")
-WHEN = ("auto", "always", "never")  # weight_exchange.overlap and .hierarchical
 
 
 # -- choices read from the registries (a name, or a reference they resolve) (imported only when a config is validated) ------------
@@ -81,6 +80,12 @@ def _strategies() -> Registry[Any]:
     from theanompi.exchange import STRATEGIES
 
     return STRATEGIES
+
+
+def _when() -> tuple[str, ...]:
+    from theanompi.exchange import WHEN
+
+    return WHEN
 
 
 def _sync_type_names() -> tuple[str, ...]:
@@ -136,11 +141,11 @@ class WeightExchangeSection(Section):
     check_every: int = key(0, check=NON_NEGATIVE)  # debug: ranks bit-identical every K steps
     # BSP cdd: exchange gradient buckets while the backward pass still runs (never: after it;
     # auto: when the ranks span more than one node, where the exchange is worth hiding)
-    overlap: str = key("auto", choices=WHEN)
+    overlap: str = key("auto", choices=_when)
     bucket_mb: float = key(25.0, check=POSITIVE)  # overlap: MB of gradients per bucket
     # reduce inside each node, exchange between one leader per node, broadcast inside the node
     # (auto: when some node holds more than one rank, unless the strategy is node-aware: ar)
-    hierarchical: str = key("auto", choices=WHEN)
+    hierarchical: str = key("auto", choices=_when)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
 
@@ -54,6 +58,47 @@ def tmpi_on_cluster(
     hosts = ["-H", cluster.host_list] if use_host_list else ["--hostfile", str(cluster.hostfile)]
     argv = [sys.executable, "-m", "theanompi.cli", *args, "-n", str(n), *hosts]
     return head_run(cluster, [*argv, "--mpi-args", cluster.mpi_args], **kw)  # type: ignore[arg-type]
+
+
+def start_until(
+    cluster: SimCluster, argv: Sequence[str], pattern: str
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """``argv`` started on the head node (stdout and stderr as one text stream), read until a
+    line matches ``pattern``: the running process and the lines read; fails the test if the
+    output ends first."""
+    env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        cluster.on_head(list(map(str, argv))),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            return proc, lines
+    proc.kill()
+    pytest.fail(f"no line matched {pattern!r}:\n" + "".join(lines[-40:]))
+
+
+def kill_and_wait(
+    proc: subprocess.Popen[str], pids: Iterable[int], timeout: float = 90
+) -> tuple[str, float]:
+    """SIGKILL ``pids`` (those already gone are skipped), then wait for ``proc``: the rest of
+    its output and the seconds from the kill to its end (``proc`` is killed after
+    ``timeout``, failing the test)."""
+    killed = time.monotonic()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        rest, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return rest, time.monotonic() - killed
 
 
 def show(proc: subprocess.CompletedProcess[str]) -> str:

@@ -3,25 +3,20 @@ flags, exchangers, BSP and EASGD training, eval, and a node dying mid-run."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from theanompi.io.record import read_record
 from theanompi.launch.hosts import Placement
-from theanompi.launch.mpirun import mpirun_command, mpirun_env
+from theanompi.launch.mpirun import mpirun_command
 from theanompi.launch.simcluster import SimCluster
 from theanompi.launch.testing import REPO, tmpi
 
-from .conftest import head_run, show, tmpi_on_cluster
+from .conftest import head_run, kill_and_wait, show, start_until, tmpi_on_cluster
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -131,27 +126,8 @@ def test_killing_one_node_ends_the_job_naming_the_host(
     argv = [sys.executable, "-m", "theanompi.cli", "train", "-n", "4"]
     argv += ["--hostfile", str(cluster.hostfile), "--mpi-args", cluster.mpi_args, *args]
     argv += ["--set", "training.print_freq=1"]
-    env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)})
-    proc = subprocess.Popen(
-        cluster.on_head(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    lines: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if "img/s" in line:
-            break
-    else:
-        pytest.fail("training never printed a step:\n" + "".join(lines[-40:]))
-    killed = time.monotonic()
-    for pid in cluster.pids(1):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    try:
-        rest, _ = proc.communicate(timeout=90)
-    finally:
-        proc.kill()
-    took = time.monotonic() - killed
+    proc, lines = start_until(cluster, argv, "img/s")  # training printed a step
+    rest, took = kill_and_wait(proc, cluster.pids(1))
     after = rest.splitlines()
     assert proc.returncode == 1, rest[-3000:]
     assert took < 60, took

@@ -6,20 +6,17 @@ node: ``test_cluster.py::test_killing_one_node_ends_the_job_naming_the_host``.)"
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from theanompi.launch.mpirun import mpirun_env
 from theanompi.launch.simcluster import SimCluster
 from theanompi.launch.testing import REPO
+
+from .conftest import kill_and_wait, start_until
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -53,30 +50,11 @@ def test_a_killed_remote_node_is_one_line(
     train, *args = tiny_train_args(data, tmp_path / "r", "--set", "training.print_freq=1")
     argv = [sys.executable, "-m", "theanompi.cli", train, "-n", "4"]
     argv += ["--hostfile", str(cluster.hostfile), "--mpi-args", cluster.mpi_args, *args]
-    env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)})
-    proc = subprocess.Popen(
-        cluster.on_head(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    for line in proc.stdout:
-        lines.append(line)
-        if re.search(r"epoch 2/\d+ step \d+/", line):
-            break
-    else:
-        pytest.fail("training never reached epoch 2:\n" + "".join(lines[-40:]))
+    proc, _ = start_until(cluster, argv, r"epoch 2/\d+ step \d+/")  # training reached epoch 2
     wanted = "python" if what == "ranks" else "prted"
     victims = [p for p in cluster.pids(1) if _name(p).startswith(wanted)]
     assert victims, [(p, _name(p)) for p in cluster.pids(1)]
-    killed = time.monotonic()
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    try:
-        rest, _ = proc.communicate(timeout=90)
-    finally:
-        proc.kill()
-    took = time.monotonic() - killed
+    rest, took = kill_and_wait(proc, victims)
     assert proc.returncode == 1, rest[-3000:]
     assert took < 30, took
     after = [ln for ln in rest.splitlines() if not re.search(r"\| lr [\d.e-]+$|img/s", ln)]

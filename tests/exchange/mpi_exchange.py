@@ -216,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {comm.Get_rank()}: exception, aborting", file=sys.stderr, flush=True)
         comm.Abort(1)
         return 1
+    return report(comm, fails)
+
+
+def report(comm: Any, fails: list[str]) -> int:
+    """Each rank's failures on stderr, ``all checks passed`` (or the count over ranks) from
+    rank 0; the exit code, 1 when any rank failed (collective; ``mpi_hierarchical.py`` too)."""
     for f in fails:
         print(f"rank {comm.Get_rank()}: FAIL {f}", file=sys.stderr, flush=True)
     n_fail = comm.allreduce(len(fails))

@@ -27,7 +27,7 @@ import mpi4py
 
 mpi4py.rc.thread_level = "multiple"
 
-import mpi_exchange as mx  # noqa: E402  (the flat check's inputs and references)
+import mpi_exchange as mx  # noqa: E402  (the flat check's inputs, references, report)
 import numpy as np  # noqa: E402
 
 
@@ -151,13 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         t.join()
     else:
         body()
-    fails = out[0]
-    for f in fails:
-        print(f"rank {comm.Get_rank()}: FAIL {f}", file=sys.stderr, flush=True)
-    n_fail = comm.allreduce(len(fails))
-    if comm.Get_rank() == 0:
-        print("all checks passed" if n_fail == 0 else f"{n_fail} failures", flush=True)
-    return 1 if n_fail else 0
+    return mx.report(comm, out[0])
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 
 from theanompi.comm import under_mpirun
+from theanompi.config import choices, load_config
 from theanompi.errors import ConfigError
-from theanompi.exchange import create_exchanger
+from theanompi.exchange import WHEN, create_exchanger
 from theanompi.exchange.hierarchical import hierarchical_wanted
 
 SCRIPT = Path(__file__).with_name("mpi_hierarchical.py")
+MODEL_YAML = Path(__file__).parents[1] / "model_mlp.yaml"
 
 pytestmark = pytest.mark.skipif(under_mpirun(), reason="launches its own mpirun")
 
@@ -41,8 +43,24 @@ def test_hierarchical_under_mpirun(mpirun, n: int, group: int, extra: list[str])
 
 def test_hierarchical_wanted_modes() -> None:
     assert hierarchical_wanted("always") and not hierarchical_wanted("never")
-    with pytest.raises(ConfigError, match="^unknown weight_exchange.hierarchical 'yes'; choose"):
-        hierarchical_wanted("yes")
+    assert choices("weight_exchange.hierarchical") == WHEN
+
+
+@pytest.mark.parametrize("name", ["hierarchical", "overlap"])
+@pytest.mark.parametrize(("text", "shown"), [("yes", "True"), ("'often'", "'often'")])
+def test_bad_mode_refused_when_the_config_loads(
+    tmp_path: Path, name: str, text: str, shown: str
+) -> None:
+    """The config is the one check of a mode: one line naming the key, the value, the choices."""
+    run = tmp_path / "config.yaml"
+    run.write_text(f"weight_exchange:\n  {name}: {text}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(run, MODEL_YAML)
+    msg = str(info.value)
+    assert msg.endswith(
+        f"weight_exchange.{name} is {shown}; it must be one of 'auto', 'always', 'never'"
+    ), msg
+    assert "\n" not in msg
 
 
 def test_unknown_strategy_refused_before_any_collective() -> None:

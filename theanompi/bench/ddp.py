@@ -30,7 +30,7 @@ def torch_missing() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        return "the PyTorch DDP twin needs torch (pip install torch, or the dev extra); skipped"
+        return "the PyTorch DDP twin needs torch (the bench extra: theanompi[bench]); skipped"
     return None
 
 

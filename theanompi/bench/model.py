@@ -102,7 +102,7 @@ def _gemm_gflops(threads: int, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def _build_ours(sec: dict, batch: int, backend: str = "c") -> dict[str, Any]:
+def build_ours(sec: dict, batch: int, backend: str = "c") -> dict[str, Any]:
     """Our model built and compiled by ``backend``, with one random batch and a ``step()``."""
     import numpy as np
 
@@ -189,7 +189,7 @@ def _torch_net(model: Any) -> Any:
     return tr(model.net)
 
 
-class _TorchConcat:  # built lazily as an nn.Module subclass (torch is a dev dependency)
+class _TorchConcat:  # built lazily as an nn.Module subclass (torch is the bench extra)
     def __new__(cls, branches: list[Any]) -> Any:
         import torch
         import torch.nn as nn
@@ -220,7 +220,7 @@ class _TorchResidual:  # main(x) + shortcut(x), the identity when there is no sh
         return Residual(main, shortcut)
 
 
-def _torch_step(model: Any, batch: int, threads: int) -> Any:
+def torch_step(model: Any, batch: int, threads: int) -> Any:
     """A ``step()`` running one SGD step of the torch translation of ``model``."""
     import torch
 
@@ -253,7 +253,7 @@ def _torch_child(spec: str, threads: int) -> int:
 
     name, _, b = spec.partition(":")
     model = create_model({**CASES[name], "batch_size": int(b)})
-    step = _torch_step(model, int(b), threads)
+    step = torch_step(model, int(b), threads)
     print("ready", flush=True)
     for line in sys.stdin:
         print(json.dumps(_timed(step, int(line))), flush=True)
@@ -280,7 +280,9 @@ class _TorchPeer:
             env=env,
         )
         if self.proc.stdout.readline().strip() != "ready":
-            raise ImportError("torch peer did not start (is torch installed? it is a dev extra)")
+            raise ImportError(
+                "torch peer did not start (is torch installed? it is the bench extra)"
+            )
 
     def timed(self, n: int) -> list[float]:
         self.proc.stdin.write(f"{n}\n")
@@ -336,15 +338,16 @@ def _compile_times(name: str) -> dict[str, float]:
     return out
 
 
-def _parse_cases(specs: list[str] | None) -> list[tuple[str, int]] | None:
-    """The ``--case`` MODEL:BATCH specs as (model, batch); None (after a message) if one is bad."""
+def parse_cases(
+    specs: list[str] | None, prog: str = "tmpi bench model"
+) -> list[tuple[str, int]] | None:
+    """The ``--case`` MODEL:BATCH specs as (model, batch); None (after a message naming
+    ``prog``) if one is bad."""
     cases = []
     for spec in specs or ["alexnet:32", "alexnet:128", "small_cnn:32"]:
         name, _, b = spec.partition(":")
         if name not in CASES or not b.isdigit():
-            print(
-                f"tmpi bench model: bad --case {spec!r}; use MODEL:BATCH with MODEL in {', '.join(CASES)}"
-            )
+            print(f"{prog}: bad --case {spec!r}; use MODEL:BATCH with MODEL in {', '.join(CASES)}")
             return None
         cases.append((name, int(b)))
     return cases
@@ -425,8 +428,8 @@ def _bench_case(
     gc.collect()  # the previous case's model, before the peak restarts from here
     per_case = reset_peak_rss()  # else the peak counts from the process start
     start = rss_bytes()
-    r = _build_ours(CASES[name], batch)
-    rj = _build_ours(CASES[name], batch, "jax") if backend == "jax" else None
+    r = build_ours(CASES[name], batch)
+    rj = build_ours(CASES[name], batch, "jax") if backend == "jax" else None
     peer = None
     if use_torch:
         peer = _start_peer(name, batch, threads)
@@ -513,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     from theanompi.pytensor_env import configure
 
     configure(blas_threads=threads)
-    cases = _parse_cases(args.case)
+    cases = parse_cases(args.case)
     if cases is None:
         return 2
 

@@ -104,6 +104,7 @@ def _relaunch_if_asked(
     max_restarts: int = 0,
     output: Any = None,
     before: Callable[[Any], None] | None = None,
+    resume: bool = False,
 ) -> None:
     """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code.
 
@@ -111,7 +112,8 @@ def _relaunch_if_asked(
     against ``n`` first, then ``before(placement)`` runs the checks that need no rank, so
     that a refusal is one line and nothing else (no mpirun banner). ``max_restarts``
     relaunches a failed run from the latest checkpoint of ``output`` (the config's
-    ``output`` section: its checkpoint and record dirs)."""
+    ``output`` section: its checkpoint and record dirs); ``resume`` makes the first launch
+    continue the run as well (:func:`~theanompi.launch.mpirun.relaunch`)."""
     if n is None or under_mpirun():
         return
     from theanompi.launch.hosts import Placement
@@ -125,7 +127,8 @@ def _relaunch_if_asked(
     if output is not None:
         dirs = {"checkpoint_dir": output.checkpoint_dir, "record_dir": output.record_dir}
     argv = sys.argv[1:]
-    raise typer.Exit(relaunch(n, argv, placement=placement, max_restarts=max_restarts, **dirs))
+    code = relaunch(n, argv, placement=placement, max_restarts=max_restarts, resume=resume, **dirs)
+    raise typer.Exit(code)
 
 
 def _check_data(cfg: Any, splits: Iterable[str], placement: Any) -> None:

@@ -38,6 +38,12 @@ def bench_model(ctx: typer.Context) -> None:
     _bench("theanompi.bench.model", ctx.args)
 
 
+@app.command("layers", context_settings=_BENCH_CTX)
+def bench_layers(ctx: typer.Context) -> None:
+    """Per layer kind ms of one train step (forward, backward, update): ours vs PyTorch CPU."""
+    _bench("theanompi.bench.layers", ctx.args)
+
+
 @app.command("train", context_settings=_BENCH_CTX)
 def bench_train(ctx: typer.Context) -> None:
     """Training images/s at N=1 and N=2 with the compute/exchange/wait split."""

@@ -376,6 +376,7 @@ def run_training(s: TrainSettings) -> None:
             max_restarts=max_restarts,
             output=cfg.output,
             before=lambda placement: _check_before_launch(cfg, output, placement),
+            resume=output.resume,  # a restarted Slurm job's ranks continue the run
         )
     _start(n)
     from theanompi.comm import world
@@ -401,7 +402,8 @@ def _check_on_signal(mode: str | None) -> None:
 def _resume_on_restart(cfg: Any, output: Output, launcher: bool) -> Output:
     """A Slurm job requeued and started again (``SLURM_RESTART_COUNT`` >= 1) continues from
     its run dir's latest checkpoint, as with ``--resume`` (and never ``--overwrite``s it).
-    The launcher passes ``--resume`` on to the ranks; without one, rank 0's choice counts."""
+    The launcher hands the returned ``resume`` to :func:`_relaunch_if_asked`, which passes
+    ``--resume`` on to the ranks; without one, rank 0's choice counts."""
     from theanompi.io.checkpoint import latest_checkpoint
     from theanompi.launch.slurm import job_id, restart_count
 
@@ -411,8 +413,6 @@ def _resume_on_restart(cfg: Any, output: Output, launcher: bool) -> Output:
     latest = latest_checkpoint(cfg.output.checkpoint_dir)
     if latest is None:
         return output
-    if launcher:
-        sys.argv = [a for a in sys.argv if a != "--overwrite"] + ["--resume"]
     from theanompi.comm import rank_from_env
 
     if not launcher and rank_from_env() == 0:

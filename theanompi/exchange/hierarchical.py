@@ -15,10 +15,8 @@ from theanompi.exchange.base import Exchanger
 from theanompi.exchange.compression import _F32_TINY, _U32, _gamma, get_compressor
 from theanompi.exchange.polling import POLL_US, PollingComm, wait
 
-__all__ = ["HierarchicalExchanger", "hierarchical_wanted", "MODES", "POLL_S"]
+__all__ = ["HierarchicalExchanger", "hierarchical_wanted", "POLL_S"]
 
-#: ``weight_exchange.hierarchical``
-MODES = ("auto", "always", "never")
 #: a waiting rank's sleep between two progress calls (seconds)
 POLL_S = POLL_US / 1e6
 _ALIGN = 16  # float32 elements (64 bytes): no two ranks write one cache line
@@ -28,18 +26,14 @@ def hierarchical_wanted(mode: str, comm: Any = None, strategy: str | None = None
     """Whether ``weight_exchange.hierarchical: mode`` asks for a hierarchical exchange on
     ``comm``: ``auto`` when some node holds more than one rank, there is more than one node,
     and ``strategy`` (a name in ``STRATEGIES``) is not ``node_aware`` already (collective over
-    ``comm`` for ``auto``).
+    ``comm`` for ``auto``). ``mode`` is one of :data:`~theanompi.exchange.WHEN`, checked
+    when the config loads.
 
     >>> hierarchical_wanted("never"), hierarchical_wanted("always")
     (False, True)
     >>> hierarchical_wanted("auto", strategy="ar")  # Open MPI's Allreduce: node-aware
     False
     """
-    if mode not in MODES:
-        raise ConfigError(
-            f"unknown weight_exchange.hierarchical {mode!r}; choose from "
-            + ", ".join(map(repr, MODES))
-        )
     if mode != "auto":
         return mode == "always"
     if strategy is not None:

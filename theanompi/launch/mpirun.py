@@ -81,11 +81,14 @@ def relaunch(
     max_restarts: int = 0,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     record_dir: str | os.PathLike[str] | None = None,
+    resume: bool = False,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
     (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures)
     and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
-    ``--resume`` from the latest checkpoint in ``checkpoint_dir``.
+    ``--resume`` from the latest checkpoint in ``checkpoint_dir``. ``resume``: the first
+    launch continues the run too (a requeued Slurm job), with ``--resume`` and never
+    ``--overwrite`` whatever ``argv`` says.
 
     ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
     ``argv`` still holds them, are not passed on to the ranks."""
@@ -101,9 +104,9 @@ def relaunch(
         env.setdefault(ABORT_DELAY_ENV, "1")
     argv = split_placement_flags(argv)[1]
 
-    def build(resume: bool) -> list[str]:
+    def build(from_checkpoint: bool) -> list[str]:
         args = list(argv)
-        if resume:  # a restart continues the run: never --overwrite what it wrote
+        if resume or from_checkpoint:  # the run continues: never --overwrite what it wrote
             args = [a for a in args if a != "--overwrite"]
             args += [] if "--resume" in args else ["--resume"]
         return mpirun_command(n, [sys.executable, "-m", "theanompi.cli", *args], placement)

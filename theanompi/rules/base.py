@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,6 +74,10 @@ class SyncRule:
     mid_epoch_checkpoints: ClassVar[bool] = False
     #: the whole job's communicator, set by :meth:`worker_comm`
     world: Any = None
+    #: seconds of the last step's exchange hidden under compute (overlap; the Trainer logs it)
+    hidden_s: float = 0.0
+    #: the last step's ``(bucket, start, end)`` Wtime spans of an overlapped exchange (timeline)
+    bucket_spans: Sequence[tuple[int, float, float]] = ()
 
     # -- construction ------------------------------------------------------------------
     @classmethod

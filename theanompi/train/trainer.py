@@ -295,12 +295,12 @@ class Trainer:
                         interrupted, save_mid = self._agree(stop, bad, epoch, step)
                     save_mid = (save_mid or ckpt_due) and not last
                 t4 = wtime()
-                hidden = getattr(rule, "hidden_s", 0.0)  # exchange under compute (overlap)
+                hidden = rule.hidden_s  # exchange under compute (overlap)
                 s.add(
                     loss, err, (t3 - t0) - waited - exch, exch + (t4 - t3), waited, t4 - t0, hidden
                 )
                 tl.add("exchange", t2, t4, step=step)
-                for b, start, end in getattr(rule, "bucket_spans", ()):  # overlap's thread
+                for b, start, end in rule.bucket_spans:  # overlap's thread
                     tl.add("bucket exchange", start, end, thread="exchange", step=step, bucket=b)
                 if check_every and step % check_every == 0:
                     with self._waiting("the replica check"):

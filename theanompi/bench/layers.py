@@ -1,0 +1,413 @@
+"""Where one SGD train step's time goes, per layer kind: ours vs the same net in PyTorch CPU.
+
+Ours comes from PyTensor's per-Apply profile (``profile=True``), torch's from
+``torch.profiler`` (self CPU time of its aten ops), both in ms per step over the same steps
+and shapes. Run ``python -m theanompi.bench.layers`` (``tmpi bench layers``); ``--help``
+lists the options. "framework overhead" is a step's wall time outside the ops (Python, the
+VM loop, autograd's engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from theanompi.bench.model import CASES, build_ours, parse_cases, torch_step
+
+__all__ = ["KINDS", "main", "profile_ours", "profile_torch"]
+
+#: the rows of the table, in order; our conv backward is split into its two Ops below it
+KINDS = (
+    "conv forward",
+    "conv backward",
+    "pool forward",
+    "pool backward",
+    "dense forward",
+    "dense backward",
+    "elementwise forward",
+    "elementwise backward",
+    "softmax + loss",
+    "random numbers",
+    "optimizer update",
+    "other ops",
+)
+#: our conv backward is two Ops; torch's ``convolution_backward`` does both in one
+CONV_SPLIT = ("conv grad weights", "conv grad inputs")
+WARMUP = 3  # untimed steps before profiling: caches, OpenBLAS/OpenMP pools, mkldnn primitives
+
+_OUR_ANCHORS = {
+    "Conv2d": "conv forward",
+    "Conv2dGradWeights": "conv grad weights",
+    "Conv2dGradInputs": "conv grad inputs",
+    "Pool2d": "pool forward",
+    "Pool2dGrad": "pool backward",
+}
+_OUR_DENSE = {"Dot22", "Dot22Scalar", "Gemm", "Gemv", "CGemv", "Ger", "CGer", "Dot", "BatchedDot"}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="tmpi bench layers", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--case",
+        action="append",
+        metavar="MODEL:BATCH",
+        help="model and batch to profile (repeatable); default small_cnn:32 small_cnn_wide:128",
+    )
+    ap.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP/torch threads")
+    ap.add_argument("--steps", type=int, default=20, help="profiled steps per side")
+    ap.add_argument("--markdown", action="store_true", help="markdown tables (for docs)")
+    ap.add_argument("--json", metavar="PATH", help="also write the per-kind figures as JSON")
+    ap.add_argument("--_torch_child", metavar="MODEL:BATCH", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+# -- ours ----------------------------------------------------------------------------------
+
+
+def _ancestors(fgraph: Any, outputs: list[Any]) -> set[Any]:
+    """The Apply nodes that ``outputs`` of ``fgraph`` depend on."""
+    seen: set[Any] = set()
+    todo = [v.owner for v in outputs if v.owner is not None]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        todo += [i.owner for i in node.inputs if i.owner is not None]
+    return seen
+
+
+def _our_kinds(fn: Any) -> dict[Any, str]:
+    """Each Apply of compiled ``fn`` -> its kind (a :data:`KINDS` entry or a :data:`CONV_SPLIT`).
+
+    Forward nodes are the ancestors of the returned outputs (loss, top-1); the rest compute
+    gradients and updates. An Elemwise writing a shared variable's new value is the update
+    (PyTensor fuses momentum and decay into one Composite per parameter). The softmax and
+    loss are the forward nodes that feed no layer Op (after the logits) and the gradient
+    nodes that follow them before any gradient layer Op does.
+    """
+    from pytensor.tensor.elemwise import Elemwise
+    from pytensor.tensor.random.op import RandomVariable
+
+    fg = fn.maker.fgraph
+    nodes = fg.toposort()
+    n_out = fn._n_returned_outputs
+    forward = _ancestors(fg, fg.outputs[:n_out])
+    update_vars = set(fg.outputs[n_out:])
+
+    def anchor(node: Any) -> str | None:
+        name = type(node.op).__name__
+        if name in _OUR_ANCHORS:
+            return _OUR_ANCHORS[name]
+        if name in _OUR_DENSE:
+            return "dense forward" if node in forward else "dense backward"
+        return None
+
+    anchors = {n for n in nodes if anchor(n) is not None}
+    feeds_layer = _ancestors(fg, [i for n in anchors & forward for i in n.inputs])
+    after_grad_layer: set[Any] = set()  # backward nodes downstream of a gradient layer Op
+    loss: set[Any] = set()  # forward after the last layer Op, backward before the first one
+    kinds = {}
+    for n in nodes:  # topological: parents first
+        owners = {i.owner for i in n.inputs}
+        if owners & ((anchors - forward) | after_grad_layer):
+            after_grad_layer.add(n)
+        kind = anchor(n)
+        if kind is None:
+            if isinstance(n.op, RandomVariable):
+                kind = "random numbers"
+            elif isinstance(n.op, Elemwise) and update_vars.intersection(n.outputs):
+                kind = "optimizer update"
+            elif n in forward and n not in feeds_layer:
+                kind = "softmax + loss"
+            elif n not in forward and n not in after_grad_layer and owners & loss:
+                kind = "softmax + loss"
+            elif isinstance(n.op, Elemwise):
+                kind = "elementwise forward" if n in forward else "elementwise backward"
+            else:
+                kind = "other ops"
+        if kind == "softmax + loss":
+            loss.add(n)
+        kinds[n] = kind
+    return kinds
+
+
+def profile_ours(name: str, batch: int, steps: int) -> dict[str, Any]:
+    """Profile ``steps`` train steps of case ``name`` at ``batch`` (after :data:`WARMUP`).
+
+    Returns ``kinds`` (ms/step per kind, :data:`CONV_SPLIT` separate), ``thunks_ms`` (all
+    Apply time per step, as PyTensor's profile sums it) and ``step_ms`` (wall per step).
+    The model's train function is swapped for the same graph compiled with ``profile=True``,
+    so the steps run through ``Model.train_step`` as in training.
+    """
+    import pytensor
+
+    r = build_ours(CASES[name], batch)
+    m = r["model"]
+    g = m._g
+    updates = m.optimizer.updates(g["grads"]) + g["state_up"]
+    with pytensor.config.change_flags(traceback__limit=0):
+        fn = pytensor.function(
+            [g["x"], g["y"]],
+            [g["loss"], g["top1"]],
+            updates=updates,
+            mode=m._mode,
+            profile=True,
+            name=f"{name}.train",
+        )
+    m._fns["train"] = fn
+    for _ in range(WARMUP):
+        r["step"]()
+    fn.profile.reset()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        r["step"]()
+    wall = time.perf_counter() - t0
+    times = fn.profile.apply_time
+    fg = fn.maker.fgraph
+    per_kind: dict[str, float] = dict.fromkeys((*KINDS, *CONV_SPLIT), 0.0)
+    per_kind.pop("conv backward")
+    for node, kind in _our_kinds(fn).items():
+        per_kind[kind] += times.get((fg, node), 0.0)
+    ms = 1e3 / steps
+    return {
+        "kinds": {k: v * ms for k, v in per_kind.items()},
+        "thunks_ms": sum(times.values()) * ms,
+        "step_ms": wall * ms,
+    }
+
+
+# -- torch ---------------------------------------------------------------------------------
+
+_TORCH_OPS = {
+    "conv forward": (
+        "conv2d",
+        "convolution",
+        "_convolution",
+        "mkldnn_convolution",
+        "_slow_conv2d_forward",
+        "thnn_conv2d",
+    ),
+    "conv backward": ("convolution_backward", "_slow_conv2d_backward"),
+    "pool forward": ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d"),
+    "pool backward": ("max_pool2d_with_indices_backward", "avg_pool2d_backward"),
+    "dense": ("linear", "addmm", "mm", "matmul", "bmm"),
+    "softmax + loss": (
+        "cross_entropy_loss",
+        "log_softmax",
+        "_log_softmax",
+        "_log_softmax_backward_data",
+        "nll_loss_nd",
+        "nll_loss",
+        "nll_loss_forward",
+        "nll_loss_backward",
+    ),
+    "random numbers": ("bernoulli_", "uniform_", "normal_"),
+    "elementwise": (
+        "relu",
+        "relu_",
+        "clamp_min",
+        "clamp_min_",
+        "threshold_backward",
+        "dropout",
+        "native_dropout",
+        "native_dropout_backward",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "add",
+        "add_",
+    ),
+}
+_TORCH_KIND = {f"aten::{op}": kind for kind, ops in _TORCH_OPS.items() for op in ops}
+_STEP_MARK = "tmpi.step"
+
+
+def _torch_event_kind(ev: Any) -> str | None:
+    """Kind of one aten event: its own, else its nearest classified caller's (``aten::empty``
+    under a convolution is the convolution's), else "other ops"; None for non-aten events
+    (Python, autograd's engine, optimizer wrappers: framework overhead)."""
+    if not ev.name.startswith("aten::"):
+        return None
+    chain = []
+    node, phase = ev, "forward"
+    while node is not None:
+        chain.append(node.name)
+        if node.name.startswith("Optimizer.step"):
+            return "optimizer update"
+        if node.name.startswith("autograd::engine::evaluate_function"):
+            phase = "backward"
+        node = node.cpu_parent
+    for name in chain:
+        kind = _TORCH_KIND.get(name)
+        if kind in ("dense", "elementwise"):
+            return f"{kind} {phase}"
+        if kind is not None:
+            return kind
+    return "other ops"
+
+
+def profile_torch(name: str, batch: int, steps: int, threads: int) -> dict[str, Any]:
+    """Profile ``steps`` SGD steps of the torch twin of case ``name`` (``torch.profiler``,
+    CPU): ``kinds`` (self CPU ms/step), ``ops_ms`` (their sum), ``step_ms`` (wall per step,
+    as the profiler times the step), all over the steps marked ``tmpi.step``."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from theanompi.models import create_model
+
+    model = create_model({**CASES[name], "batch_size": batch})
+    step = torch_step(model, batch, threads)
+    for _ in range(WARMUP):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()  # unmarked: the profiler's own first-step costs stay out of the figures
+        for _ in range(steps):
+            with record_function(_STEP_MARK):
+                step()
+    per_kind = dict.fromkeys(KINDS, 0.0)
+    step_us = 0.0
+    for ev in prof.events():
+        top = ev
+        while top.cpu_parent is not None:
+            top = top.cpu_parent
+        if top.name != _STEP_MARK:
+            continue
+        if ev is top:
+            step_us += ev.cpu_time_total
+        kind = _torch_event_kind(ev)
+        if kind is not None:
+            per_kind[kind] += ev.self_cpu_time_total
+    ms = 1e-3 / steps
+    return {
+        "kinds": {k: v * ms for k, v in per_kind.items()},
+        "ops_ms": sum(per_kind.values()) * ms,
+        "step_ms": step_us * ms,
+    }
+
+
+def _torch_child(spec: str, steps: int, threads: int) -> int:
+    """Child process: profile the torch side of MODEL:BATCH and print it as JSON (a process
+    of its own keeps torch's OpenMP and our thread settings apart, as ``bench model`` does)."""
+    import torch  # noqa: F401 - first: its OpenMP reads the environment before ours is set
+
+    name, _, b = spec.partition(":")
+    print(json.dumps(profile_torch(name, int(b), steps, threads)), flush=True)
+    return 0
+
+
+def _run_torch(name: str, batch: int, steps: int, threads: int) -> dict[str, Any] | None:
+    """The torch side in a child process; None (after a message) if torch cannot run."""
+    from theanompi.pytensor_env import unconfigured_env
+
+    cmd = [sys.executable, "-m", "theanompi.bench.layers", "--_torch_child", f"{name}:{batch}"]
+    proc = subprocess.run(
+        [*cmd, "--steps", str(steps), "--threads", str(threads)],
+        capture_output=True,
+        text=True,
+        env=unconfigured_env(),
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"tmpi bench layers: the PyTorch side failed ({last}); skipping its column")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- table ---------------------------------------------------------------------------------
+
+
+def _rows(ours: dict[str, Any], torch: dict[str, Any] | None) -> list[tuple[str, float, float]]:
+    """(kind, ours ms, torch ms) rows: the kinds, our conv split, the totals (nan: none)."""
+    nan = float("nan")
+    k = dict(ours["kinds"])
+    k["conv backward"] = sum(k[c] for c in CONV_SPLIT)
+    t = torch["kinds"] if torch else {}
+    rows = []
+    for kind in KINDS:
+        rows.append((kind, k[kind], t.get(kind, nan)))
+        if kind == "conv backward":
+            rows += [(f"  of which {c[5:]} (ours)", k[c], nan) for c in CONV_SPLIT]
+    ours_ops = sum(k[c] for c in KINDS)
+    torch_ops = torch["ops_ms"] if torch else nan
+    rows.append(("ops total", ours_ops, torch_ops))
+    rows.append(
+        (
+            "framework overhead",
+            ours["step_ms"] - ours_ops,
+            torch["step_ms"] - torch_ops if torch else nan,
+        )
+    )
+    rows.append(("step total", ours["step_ms"], torch["step_ms"] if torch else nan))
+    return rows
+
+
+def _fmt(v: float, digits: int = 2) -> str:
+    return "—" if v != v else f"{v:.{digits}f}"
+
+
+def table(
+    name: str,
+    batch: int,
+    threads: int,
+    ours: dict[str, Any],
+    torch: dict[str, Any] | None,
+    markdown: bool,
+) -> str:
+    """One case's table: kind | ours ms/step | torch ms/step | ours/torch."""
+    rows = _rows(ours, torch)
+    title = f"{name} batch {batch}, {threads} thread(s): ms per train step"
+    cells = [
+        (kind, _fmt(o), _fmt(t), _fmt(o / t if t > 0 else float("nan"))) for kind, o, t in rows
+    ]
+    head = ("kind", "ours ms/step", "torch ms/step", "ours/torch")
+    bold = {"step total"}
+    if markdown:
+        lines = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|---|---:|---:|---:|"]
+        for c in cells:
+            c = tuple(f"**{x}**" for x in c) if c[0] in bold else c
+            lines.append("| " + " | ".join(c) + " |")
+        return "\n".join(lines)
+    w = max(len(c[0]) for c in cells)
+    lines = [title, f"{head[0]:<{w}}  {head[1]:>12}  {head[2]:>13}  {head[3]:>10}"]
+    lines += [f"{a:<{w}}  {b:>12}  {c:>13}  {d:>10}" for a, b, c, d in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one per-kind table per case; return 0 (2 on a bad ``--case``)."""
+    args = _parse(argv)
+    if args.threads < 1 or args.steps < 1:
+        print(
+            f"tmpi bench layers: --threads and --steps must be >= 1, got {args.threads}, {args.steps}"
+        )
+        return 2
+    if args._torch_child:
+        return _torch_child(args._torch_child, args.steps, args.threads)
+    from theanompi.pytensor_env import configure
+
+    configure(blas_threads=args.threads)
+    cases = parse_cases(args.case or ["small_cnn:32", "small_cnn_wide:128"], "tmpi bench layers")
+    if cases is None:
+        return 2
+    results: list[dict[str, Any]] = []
+    for name, batch in cases:
+        ours = profile_ours(name, batch, args.steps)
+        torch = _run_torch(name, batch, args.steps, args.threads)
+        results.append(
+            {"model": name, "batch": batch, "threads": args.threads, "ours": ours, "torch": torch}
+        )
+        print(table(name, batch, args.threads, ours, torch, args.markdown), end="\n\n", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
