@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from theanompi.bench.model import CASES, build_ours, parse_cases, torch_step
+from theanompi.io.atomic import write_json
 
 __all__ = ["KINDS", "main", "profile_ours", "profile_torch"]
 
@@ -68,19 +69,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 # -- ours ----------------------------------------------------------------------------------
 
 
-def _ancestors(fgraph: Any, outputs: list[Any]) -> set[Any]:
-    """The Apply nodes that ``outputs`` of ``fgraph`` depend on."""
-    seen: set[Any] = set()
-    todo = [v.owner for v in outputs if v.owner is not None]
-    while todo:
-        node = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        todo += [i.owner for i in node.inputs if i.owner is not None]
-    return seen
-
-
 def _our_kinds(fn: Any) -> dict[Any, str]:
     """Each Apply of compiled ``fn`` -> its kind (a :data:`KINDS` entry or a :data:`CONV_SPLIT`).
 
@@ -90,13 +78,14 @@ def _our_kinds(fn: Any) -> dict[Any, str]:
     loss are the forward nodes that feed no layer Op (after the logits) and the gradient
     nodes that follow them before any gradient layer Op does.
     """
+    from pytensor.graph.traversal import apply_ancestors
     from pytensor.tensor.elemwise import Elemwise
     from pytensor.tensor.random.op import RandomVariable
 
     fg = fn.maker.fgraph
     nodes = fg.toposort()
     n_out = fn._n_returned_outputs
-    forward = _ancestors(fg, fg.outputs[:n_out])
+    forward = set(apply_ancestors(fg.outputs[:n_out]))
     update_vars = set(fg.outputs[n_out:])
 
     def anchor(node: Any) -> str | None:
@@ -108,7 +97,7 @@ def _our_kinds(fn: Any) -> dict[Any, str]:
         return None
 
     anchors = {n for n in nodes if anchor(n) is not None}
-    feeds_layer = _ancestors(fg, [i for n in anchors & forward for i in n.inputs])
+    feeds_layer = set(apply_ancestors([i for n in anchors & forward for i in n.inputs]))
     after_grad_layer: set[Any] = set()  # backward nodes downstream of a gradient layer Op
     loss: set[Any] = set()  # forward after the last layer Op, backward before the first one
     kinds = {}
@@ -141,25 +130,15 @@ def profile_ours(name: str, batch: int, steps: int) -> dict[str, Any]:
 
     Returns ``kinds`` (ms/step per kind, :data:`CONV_SPLIT` separate), ``thunks_ms`` (all
     Apply time per step, as PyTensor's profile sums it) and ``step_ms`` (wall per step).
-    The model's train function is swapped for the same graph compiled with ``profile=True``,
-    so the steps run through ``Model.train_step`` as in training.
+    The model is built with PyTensor's ``profile`` flag on (scoped, so nothing prints at
+    exit), so its own train function is profiled and the steps run through
+    ``Model.train_step`` as in training.
     """
     import pytensor
 
-    r = build_ours(CASES[name], batch)
-    m = r["model"]
-    g = m._g
-    updates = m.optimizer.updates(g["grads"]) + g["state_up"]
-    with pytensor.config.change_flags(traceback__limit=0):
-        fn = pytensor.function(
-            [g["x"], g["y"]],
-            [g["loss"], g["top1"]],
-            updates=updates,
-            mode=m._mode,
-            profile=True,
-            name=f"{name}.train",
-        )
-    m._fns["train"] = fn
+    with pytensor.config.change_flags(profile=True):
+        r = build_ours(CASES[name], batch)
+    fn = r["model"]._fn("train")
     for _ in range(WARMUP):
         r["step"]()
     fn.profile.reset()
@@ -404,8 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(table(name, batch, args.threads, ours, torch, args.markdown), end="\n\n", flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
+        write_json(args.json, results)
     return 0
 
 

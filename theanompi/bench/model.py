@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from theanompi.bench._memory import MB, param_bytes, peak_rss_bytes, reset_peak_rss, rss_bytes
+from theanompi.io.atomic import write_json
 
 __all__ = ["main"]
 
@@ -536,12 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     _print_table(rows, args.backend == "jax")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(
-                {"gemm_gflops": gflops, "threads": threads, "rows": rows, "compile": compile_rows},
-                fh,
-                indent=2,
-            )
+        write_json(
+            args.json,
+            {"gemm_gflops": gflops, "threads": threads, "rows": rows, "compile": compile_rows},
+        )
     return 0
 
 
