@@ -33,3 +33,11 @@ def test_small_cnn_table_covers_every_op(tmp_path: Path, capsys: pytest.CaptureF
     assert torch is not None and torch["ops_ms"] > 0 and torch["step_ms"] >= torch["ops_ms"]
     assert sum(torch["kinds"].values()) == pytest.approx(torch["ops_ms"], rel=1e-6)
     assert torch["kinds"]["conv forward"] > 0 and torch["kinds"]["conv backward"] > 0
+
+
+@pytest.mark.parametrize("spec", ["nope:8", "small_cnn:x"])
+def test_a_bad_case_is_one_line_and_exit_2(spec: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--case", spec]) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"tmpi bench layers: bad --case {spec!r}; use MODEL:BATCH"), out
+    assert "\n" not in out

@@ -29,6 +29,7 @@ def test_every_command_has_help(cli, command: str) -> None:
         ("prep", "--scan-tree"),
         ("exchange", "--strategies"),
         ("model", "--case"),
+        ("layers", "--markdown"),
         ("train", "--ranks"),
     ],
 )
