@@ -19,6 +19,7 @@ from theanompi.models.ops import (  # noqa: E402
     lrn,
     pool2d,
 )
+from theanompi.models.ops.conv import Conv2d  # noqa: E402
 from theanompi.models.ops.pool import Pool2d  # noqa: E402
 
 TOL = 1e-5  # float32 agreement, relative to the largest magnitude of the reference
@@ -38,6 +39,11 @@ CASES = [
         [(2, 4, 9, 8), (6, 2, 5, 3), (6,)],
     ),
     ("conv_1x1_nobias", lambda x, w: conv2d(x, w), [(3, 5, 4, 4), (7, 5, 1, 1)]),
+    (
+        "conv_relu",
+        lambda x, w, b: Conv2d(pad=(1, 1), relu=True)(x, w, b),
+        [(2, 3, 7, 7), (4, 3, 3, 3), (4,)],
+    ),
     ("maxpool_3s2_ceil", lambda x: pool2d(x, (3, 3), (2, 2), ceil_mode=True), [(2, 3, 8, 8)]),
     ("maxpool_3s2_floor", lambda x: pool2d(x, (3, 3), (2, 2)), [(2, 3, 9, 7)]),
     ("maxpool_3s1_p1", lambda x: pool2d(x, (3, 3), (1, 1), pad=(1, 1)), [(2, 3, 5, 6)]),

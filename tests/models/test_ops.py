@@ -101,6 +101,25 @@ def test_conv_gradients_in_c_match_finite_differences(c, h, wd, f, k, s, p, g):
     check_fd([x, w, b], [xv, wv, bv], (out * proj).sum())
 
 
+@pytest.mark.parametrize("c,h,wd,f,k,s,p,g", [CONVS[0], CONVS[1]])
+def test_conv_with_relu_matches_reference_perform_and_finite_differences(c, h, wd, f, k, s, p, g):
+    """``Conv2d(relu=True)`` (what ``fuse_conv_relu`` makes of conv + ReLU): the rectified
+    reference, the numpy ``perform``, and central differences for its gradients."""
+    x, w, b = pt.tensor4("x", dtype="float64"), pt.tensor4("w", dtype="float64"), pt.dvector("b")
+    xv, wv = R.standard_normal((3, c, h, wd)), R.standard_normal((f, c // g, *k))
+    bv = R.standard_normal(f)
+    want = np.maximum(ref_conv(xv, wv, bv, s, p, g), 0)
+    out = ops.Conv2d(s, p, g, chunk=200, relu=True)(x, w, b)
+    proj = pt.constant(R.standard_normal(want.shape))
+    graph = [out, *pytensor.grad((out * proj).sum(), [x, w, b])]
+    got_c = pytensor.function([x, w, b], graph, mode=C)(xv, wv, bv)
+    got_py = pytensor.function([x, w, b], graph, mode=PY)(xv, wv, bv)
+    np.testing.assert_allclose(got_c[0], want, rtol=1e-10, atol=1e-10)
+    for a, r in zip(got_c, got_py, strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-10)
+    check_fd([x, w, b], [xv, wv, bv], (out * proj).sum())
+
+
 def test_conv_second_order_gradients():
     """The gradient Ops are differentiable too (e.g. for a gradient penalty)."""
     x, w = pt.tensor4("x", dtype="float64"), pt.tensor4("w", dtype="float64")

@@ -25,7 +25,11 @@ from theanompi.models.ops.conv import (  # noqa: E402
 )
 from theanompi.models.ops.lrn import LRNGrad, LRNOp, lrn  # noqa: E402
 from theanompi.models.ops.pool import Pool2d, Pool2dGrad, pool2d, pool_output_size  # noqa: E402
-from theanompi.models.ops.rewrites import inline_softmax  # noqa: E402
+from theanompi.models.ops.rewrites import (  # noqa: E402
+    fuse_conv_relu,
+    inline_softmax,
+    mask_before_unpool,
+)
 
 __all__ = [
     "BACKENDS",
@@ -45,7 +49,9 @@ __all__ = [
     "Pool2dGrad",
     "pool2d",
     "pool_output_size",
+    "fuse_conv_relu",
     "inline_softmax",
+    "mask_before_unpool",
 ]
 
 

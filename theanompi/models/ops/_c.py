@@ -27,7 +27,7 @@ __all__ = ["KernelOp", "int_params", "float_params", "C_TYPES"]
 C_TYPES = {"float32": ("npy_float32", "NPY_FLOAT32"), "float64": ("npy_float64", "NPY_FLOAT64")}
 
 # Bump when the C++ below changes: PyTensor keys its compile cache on it.
-_VERSION = 8
+_VERSION = 9
 
 SUPPORT = r"""
 #include <string.h>
@@ -270,9 +270,10 @@ static int each_chunk(const ConvGeom& g, bool need_rows, Body body) {
     return 0;
 }
 
-/* out (B, F, Ho, Wo) = conv(x (B, C, H, W), w (F, C/G, kh, kw)) + b (F,) (b may be NULL) */
+/* out (B, F, Ho, Wo) = conv(x (B, C, H, W), w (F, C/G, kh, kw)) + b (F,) (b may be NULL),
+   then v * (v > 0) when relu (the rectifier applied while the rows are in cache) */
 template <typename T>
-static int conv_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* out) {
+static int conv_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* out, bool relu) {
     const npy_intp P = g.P();
     const int Fg = g.Fg(), Kg = g.Kg();
     return each_chunk<T>(g, true, [&](int n0, int m, T* cols, T* rows, int) {
@@ -282,13 +283,20 @@ static int conv_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T
         for (int k = 0; k < g.G; ++k)
             gemm('N', 'N', (int)NP, Fg, Kg, (T)1, src + (npy_intp)k * Kg * NP, (int)NP,
                  w + (npy_intp)k * Fg * Kg, Kg, (T)0, dst + (npy_intp)k * Fg * NP, (int)NP);
-        /* back to (m, F, P), adding the bias while the rows are in cache */
+        /* back to (m, F, P), adding the bias (and rectifying) while the rows are in cache */
         for (int f = 0; f < g.F; ++f) {
             const T bias = b ? b[f] : (T)0;
             for (int l = 0; l < m; ++l) {
                 T* o = out + ((npy_intp)(n0 + l) * g.F + f) * P;
                 const T* r = m == 1 ? o : rows + (npy_intp)f * NP + l * P;
-                for (npy_intp p = 0; p < P; ++p) o[p] = r[p] + bias;
+                if (relu) {
+                    for (npy_intp p = 0; p < P; ++p) {
+                        const T v = r[p] + bias;
+                        o[p] = v * (T)(v > (T)0);  /* as ReLU's x * (x > 0): NaN stays NaN */
+                    }
+                } else {
+                    for (npy_intp p = 0; p < P; ++p) o[p] = r[p] + bias;
+                }
             }
         }
     });

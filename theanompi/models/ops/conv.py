@@ -206,12 +206,29 @@ _GZ_CHECK = """
 
 
 class Conv2d(_ConvOp):
-    """``x (b, C, H, W), w (F, C/G, kh, kw)[, bias (F,)] -> (b, F, Ho, Wo)``.
+    """``x (b, C, H, W), w (F, C/G, kh, kw)[, bias (F,)] -> (b, F, Ho, Wo)``, rectified
+    (``v * (v > 0)``, as the ReLU layer) when ``relu``: the rewrite ``fuse_conv_relu`` folds
+    a ReLU into its conv so that the rectifier runs on each chunk's rows while they are in
+    cache instead of as a pass of its own over the whole output.
 
     >>> x, w = pt.tensor4("x"), pt.tensor4("w")
     >>> Conv2d(stride=(2, 2), pad=(1, 1))(x, w).ndim
     4
     """
+
+    __props__ = (*_PROPS, "relu")
+    params_type = int_params(*_PROPS, "relu")
+
+    def __init__(
+        self,
+        stride: Sequence[int] = (1, 1),
+        pad: Sequence[int] = (0, 0),
+        groups: int = 1,
+        chunk: int = CHUNK,
+        relu: bool = False,
+    ) -> None:
+        super().__init__(stride, pad, groups, chunk)
+        self.relu = int(bool(relu))
 
     def make_node(self, x: Any, w: Any, b: Any = None) -> Apply:
         inputs = self._inputs(x, w, vector=b)
@@ -237,6 +254,8 @@ class Conv2d(_ConvOp):
             )
         if len(inputs) == 3:
             out += inputs[2][None, :, None, None]
+        if self.relu:
+            out *= out > 0
         outputs[0][0] = out
 
     def c_code(self, node: Any, name: str, inp: Any, out: Any, sub: Any) -> str:
@@ -257,7 +276,7 @@ class Conv2d(_ConvOp):
         call = (
             "tmpi::conv_forward<{ctype}>(g, (const {ctype}*)PyArray_DATA(a0), "
             "(const {ctype}*)PyArray_DATA(a1), a2 ? (const {ctype}*)PyArray_DATA(a2) : NULL, "
-            f"({{ctype}}*)PyArray_DATA({out[0]}))"
+            f"({{ctype}}*)PyArray_DATA({out[0]}), {sub['params']}->relu != 0)"
         )
         return self._c_glue(
             node, [(inp[0], 4), (inp[1], 4), (bias, 1)], [(out[0], "g.B, g.F, g.Ho, g.Wo")],
@@ -267,6 +286,8 @@ class Conv2d(_ConvOp):
     def pullback(self, inputs: Any, outputs: Any, cotangents: Any) -> list[Any]:
         x, w = inputs[:2]
         (gz,) = cotangents
+        if self.relu:  # the rectifier's gradient: (v > 0) == (relu(v) > 0), NaN included
+            gz = gz * pt.gt(outputs[0], np.asarray(0, dtype=gz.dtype))
         dw, db = Conv2dGradWeights(**self.geometry)(x, gz, _hw(w))
         dx = Conv2dGradInputs(**self.geometry)(w, gz, _hw(x))
         return [dx, dw, db][: len(inputs)]

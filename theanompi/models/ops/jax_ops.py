@@ -78,9 +78,12 @@ def _geom(op: Any) -> tuple[tuple[int, int], tuple[int, int], int]:
 def _jax_conv2d(op: Conv2d, node: Any = None, **kwargs: Any) -> Any:
     stride, pad, groups = _geom(op)
 
+    relu = bool(op.relu)
+
     def conv2d(x: Any, w: Any, b: Any = None) -> Any:
         out = conv_forward(x, w, stride, pad, groups)
-        return out if b is None else out + b[None, :, None, None]
+        out = out if b is None else out + b[None, :, None, None]
+        return out * (out > 0) if relu else out
 
     return conv2d
 
