@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from theanompi.bench.layers import CONV_SPLIT, KINDS, main
+from theanompi.bench.layers import CONV_SPLIT, KINDS, main, memory_at_peak
 
 
 def test_small_cnn_table_covers_every_op(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -33,6 +33,31 @@ def test_small_cnn_table_covers_every_op(tmp_path: Path, capsys: pytest.CaptureF
     assert torch is not None and torch["ops_ms"] > 0 and torch["step_ms"] >= torch["ops_ms"]
     assert sum(torch["kinds"].values()) == pytest.approx(torch["ops_ms"], rel=1e-6)
     assert torch["kinds"]["conv forward"] > 0 and torch["kinds"]["conv backward"] > 0
+    mem = res["memory"]
+    assert sum(mem["kinds"].values()) == pytest.approx(mem["peak_mb"], rel=1e-9)
+    assert mem["kinds"]["conv forward"] > 0 and mem["state_mb"] > mem["params_mb"] > 0
+    assert "MB alive at the train step's peak" in text
+
+
+def test_memory_at_peak_of_two_chained_convs() -> None:
+    """x -> conv -> conv -> sum: at the second conv both outputs are alive, nothing else."""
+    import numpy as np
+    import pytensor
+    import pytensor.tensor as pt
+
+    from theanompi.models.ops import compile_mode, conv2d
+
+    x = pt.tensor4("x", shape=(4, 3, 10, 10))
+    w1, w2 = pt.tensor4("w1", shape=(8, 3, 3, 3)), pt.tensor4("w2", shape=(16, 8, 3, 3))
+    with pytensor.config.change_flags(allow_gc=False):
+        fn = pytensor.function([x, w1, w2], conv2d(conv2d(x, w1), w2).sum(), mode=compile_mode("c"))
+    values = [np.ones(v.type.shape, np.float32) for v in (x, w1, w2)]
+    fn(*values)
+    mem = memory_at_peak(fn)
+    conv_bytes = 4 * (4 * 8 * 8 * 8 + 4 * 16 * 6 * 6)
+    assert mem["peak_mb"] * 2**20 == pytest.approx(conv_bytes)
+    assert mem["kinds"]["conv forward"] * 2**20 == pytest.approx(conv_bytes)
+    assert mem["state_mb"] * 2**20 == pytest.approx(sum(v.nbytes for v in values))
 
 
 @pytest.mark.parametrize("spec", ["nope:8", "small_cnn:x"])

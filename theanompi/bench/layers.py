@@ -4,7 +4,8 @@ Ours comes from PyTensor's per-Apply profile (``profile=True``), torch's from
 ``torch.profiler`` (self CPU time of its aten ops), both in ms per step over the same steps
 and shapes. Run ``python -m theanompi.bench.layers`` (``tmpi bench layers``); ``--help``
 lists the options. "framework overhead" is a step's wall time outside the ops (Python, the
-VM loop, autograd's engine).
+VM loop, autograd's engine). A second table per case gives our step's memory at its peak,
+by the kind of node that made each live buffer (:func:`memory_at_peak`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ KINDS = (
     "conv backward",
     "pool forward",
     "pool backward",
+    "batch norm forward",
+    "batch norm backward",
     "dense forward",
     "dense backward",
     "elementwise forward",
@@ -46,6 +49,9 @@ _OUR_ANCHORS = {
     "Conv2dGradInputs": "conv grad inputs",
     "Pool2d": "pool forward",
     "Pool2dGrad": "pool backward",
+    "BatchNormTrain": "batch norm forward",
+    "BatchNormInfer": "batch norm forward",
+    "BatchNormTrainGrad": "batch norm backward",
 }
 _OUR_DENSE = {"Dot22", "Dot22Scalar", "Gemm", "Gemv", "CGemv", "Ger", "CGer", "Dot", "BatchedDot"}
 
@@ -160,6 +166,75 @@ def profile_ours(name: str, batch: int, steps: int) -> dict[str, Any]:
     }
 
 
+def _buffer_of(var: Any) -> Any:
+    """The variable whose memory ``var`` lives in: through views and in-place outputs."""
+    while var.owner is not None:
+        op, k = var.owner.op, var.owner.outputs.index(var)
+        into = getattr(op, "view_map", {}).get(k) or getattr(op, "destroy_map", {}).get(k)
+        if not into:
+            break
+        var = var.owner.inputs[into[0]]
+    return var
+
+
+def memory_at_peak(fn: Any) -> dict[str, Any]:
+    """Where the memory of one call of compiled ``fn`` goes at its peak, by kind.
+
+    ``fn`` must have run once with ``allow_gc`` off, so that every intermediate array is still
+    in its storage. Walking the VM's node order, each output buffer lives from its node to its
+    last reader (a view or in-place output shares its input's buffer; the function's outputs
+    live to the end). Returns ``peak_mb`` (the intermediates alive at the worst node),
+    ``kinds`` (those MB by the kind of the node that made them, as :func:`_our_kinds`) and
+    ``state_mb`` (the inputs: shared parameters, optimizer state, the batch). Our Ops'
+    persistent scratch (patch matrices) and the Python process are not in these figures.
+    """
+    import numpy as np
+
+    storage, nodes, fg = fn.vm.storage_map, fn.vm.nodes, fn.maker.fgraph
+    kinds = _our_kinds(fn)
+
+    def nbytes(v: Any) -> int:
+        value = storage.get(v, [None])[0]
+        return int(value.nbytes) if isinstance(value, np.ndarray) else 0
+
+    end: dict[Any, int] = {}  # buffer -> position of its last reader
+    for t, n in enumerate(nodes):
+        for v in n.inputs:
+            end[_buffer_of(v)] = t
+    for v in fg.outputs:
+        end[_buffer_of(v)] = len(nodes)
+    made = [  # (made at, last read at, buffer) for each output that owns its memory
+        (t, end.get(out, t), out)
+        for t, n in enumerate(nodes)
+        for out in n.outputs
+        if _buffer_of(out) is out
+    ]
+    alive = np.zeros(len(nodes) + 1)
+    for t0, t1, b in made:
+        alive[t0 : t1 + 1] += nbytes(b)
+    worst = int(alive.argmax())
+    per_kind = dict.fromkeys((*KINDS, *CONV_SPLIT), 0.0)
+    per_kind.pop("conv backward")
+    for t0, t1, b in made:
+        if t0 <= worst <= t1:
+            per_kind[kinds[b.owner]] += nbytes(b) / 2**20
+    state = sum(nbytes(v) for v in fg.inputs)
+    return {"peak_mb": alive[worst] / 2**20, "kinds": per_kind, "state_mb": state / 2**20}
+
+
+def memory_ours(name: str, batch: int) -> dict[str, Any]:
+    """:func:`memory_at_peak` of case ``name``'s train step at ``batch`` (its own build, with
+    ``allow_gc`` off for one step), plus the parameters' MB."""
+    import pytensor
+
+    with pytensor.config.change_flags(allow_gc=False):
+        r = build_ours(CASES[name], batch)
+    r["step"]()
+    out = memory_at_peak(r["model"]._fn("train"))
+    out["params_mb"] = 4 * r["model"].n_params() / 2**20
+    return out
+
+
 # -- torch ---------------------------------------------------------------------------------
 
 _TORCH_OPS = {
@@ -174,6 +249,14 @@ _TORCH_OPS = {
     "conv backward": ("convolution_backward", "_slow_conv2d_backward"),
     "pool forward": ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d"),
     "pool backward": ("max_pool2d_with_indices_backward", "avg_pool2d_backward"),
+    "batch norm forward": (
+        "batch_norm",
+        "_batch_norm_impl_index",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_batch_norm_with_update",
+    ),
+    "batch norm backward": ("native_batch_norm_backward", "batch_norm_backward"),
     "dense": ("linear", "addmm", "mm", "matmul", "bmm"),
     "softmax + loss": (
         "cross_entropy_loss",
@@ -358,6 +441,27 @@ def table(
     return "\n".join(lines)
 
 
+def memory_table(name: str, batch: int, mem: dict[str, Any], markdown: bool) -> str:
+    """One case's memory at the step's peak: kind | MB, then the totals and x parameters."""
+    rows = [(k, v) for k, v in mem["kinds"].items() if v >= 0.05]
+    rows.sort(key=lambda r: -r[1])
+    rows += [
+        ("intermediates at the peak", mem["peak_mb"]),
+        ("inputs (parameters, optimizer state, batch)", mem["state_mb"]),
+        ("graph total", mem["peak_mb"] + mem["state_mb"]),
+    ]
+    ratio = (mem["peak_mb"] + mem["state_mb"]) / mem["params_mb"]
+    title = (
+        f"{name} batch {batch}: MB alive at the train step's peak, by the kind that made them "
+        f"(graph total {ratio:.1f} x the {mem['params_mb']:.1f} MB of parameters)"
+    )
+    if markdown:
+        lines = [f"**{title}**", "", "| made by | MB |", "|---|---:|"]
+        return "\n".join(lines + [f"| {k} | {v:.1f} |" for k, v in rows])
+    w = max(len(k) for k, _ in rows)
+    return "\n".join([title] + [f"{k:<{w}}  {v:>9.1f}" for k, v in rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print one per-kind table per case; return 0 (2 on a bad ``--case``)."""
     args = _parse(argv)
@@ -378,10 +482,19 @@ def main(argv: list[str] | None = None) -> int:
     for name, batch in cases:
         ours = profile_ours(name, batch, args.steps)
         torch = _run_torch(name, batch, args.steps, args.threads)
+        mem = memory_ours(name, batch)
         results.append(
-            {"model": name, "batch": batch, "threads": args.threads, "ours": ours, "torch": torch}
+            {
+                "model": name,
+                "batch": batch,
+                "threads": args.threads,
+                "ours": ours,
+                "torch": torch,
+                "memory": mem,
+            }
         )
-        print(table(name, batch, args.threads, ours, torch, args.markdown), end="\n\n", flush=True)
+        print(table(name, batch, args.threads, ours, torch, args.markdown), end="\n\n")
+        print(memory_table(name, batch, mem, args.markdown), end="\n\n", flush=True)
     if args.json:
         write_json(args.json, results)
     return 0

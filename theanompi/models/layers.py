@@ -426,6 +426,9 @@ class ReLU(Layer):
     ``-inf`` becomes NaN: a diverged net stays visibly diverged), negative inputs give -0.0
     (equal to 0). Forward and backward each fuse into one elemwise loop; a small-CNN step
     takes 4% less CPU time than with ``maximum`` (``switch(x <= 0, 0, x)``: 2-9% more).
+    After a :class:`Conv2D` the rewrite ``fuse_conv_relu`` moves it into the conv's C kernel,
+    and before a max pool ``mask_before_unpool`` masks the pooled gradient instead
+    (:mod:`theanompi.models.ops.rewrites`; same bits).
 
     >>> import pytensor, pytensor.tensor as pt
     >>> v = pt.vector("v", dtype="float64")
