@@ -206,12 +206,14 @@ class Job:
         self._cond = threading.Condition()
         self._readers: list[threading.Thread] = []
         self.proc: subprocess.Popen[str] | None = None
+        self._starts = 0
         self.t_start = 0.0
         self.t_fault: float | None = None
         self.t_exit: float | None = None
 
     # -- start and output -------------------------------------------------------------
     def start(self) -> Job:
+        self._starts += 1
         self.t_start = time.monotonic()
         self.proc = subprocess.Popen(
             self.argv,
@@ -229,6 +231,22 @@ class Job:
             t.start()
             self._readers.append(t)
         return self
+
+    def _start_again(self) -> bool:
+        """After the job exited: start it again if mpirun never started a rank (its PMIx
+        listener failed, an Open MPI transient that ``tmpi``'s launcher also retries), at most
+        ``START_TRIES - 1`` times; whether it did."""
+        from theanompi.launch.supervise import START_TRIES, never_started
+
+        if self._starts >= START_TRIES or self.lines["stdout"]:
+            return False
+        if not never_started("\n".join(self.lines["stderr"])):
+            return False
+        print("harness: mpirun never started a rank; starting the job again", file=sys.stderr)
+        self.lines = {"stdout": [], "stderr": []}
+        self._readers = []
+        self.start()
+        return True
 
     def _read(self, name: str, stream: object) -> None:
         for line in stream:  # type: ignore[attr-defined]
@@ -273,6 +291,9 @@ class Job:
                 exited = self.proc is not None and self.proc.poll() is not None
                 left = deadline - time.monotonic()
                 if exited and all(not t.is_alive() for t in self._readers):
+                    if self._start_again():
+                        seen = dict.fromkeys(names, 0)
+                        continue
                     why = f"job exited {self.proc.returncode}"  # type: ignore[union-attr]
                     break
                 if left <= 0:
@@ -335,6 +356,12 @@ class Job:
         assert self.proc is not None
         try:
             self.proc.wait(timeout=timeout)
+            for t in self._readers:
+                t.join(timeout=5)
+            while self._start_again():
+                self.proc.wait(timeout=timeout)
+                for t in self._readers:
+                    t.join(timeout=5)
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"job still running {timeout} s after the fault\n--- stdout ---\n"

@@ -60,3 +60,23 @@ def test_it_gives_up_after_the_last_try(tmp_path: Path, capfd) -> None:
     assert result.not_started and result.mpirun_code == 213
     assert err.count("launching again") == START_TRIES - 1
     assert (tmp_path / "count").read_text().strip() == str(START_TRIES)
+
+
+def test_the_fault_harness_starts_a_never_started_job_again(tmp_path: Path) -> None:
+    """The fault tests' bare mpirun lines get the same retry (one CI run lost a SIGKILL test
+    to this banner), in both ``wait_for`` and ``wait``; after the last try the failure shows."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import Job
+
+    def flaky(name: str, fails: int) -> list[str]:
+        (tmp_path / name).mkdir()
+        return _flaky(tmp_path / name, fails)
+
+    with Job(flaky("wait_for", 1)) as job:
+        job.wait_for(r"^sum 1$", timeout=60)
+        assert job.wait(timeout=60).returncode == 0
+    with Job(flaky("wait", 1)) as job:
+        assert job.wait(timeout=60).returncode == 0 and "sum 1" in job.stdout
+    with Job(flaky("gives_up", START_TRIES)) as job:
+        with pytest.raises(AssertionError, match="job exited 213"):
+            job.wait_for("sum", timeout=60)
