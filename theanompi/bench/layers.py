@@ -75,6 +75,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 # -- ours ----------------------------------------------------------------------------------
 
 
+def _zero_kinds() -> dict[str, float]:
+    """Our per-kind totals, all 0: :data:`KINDS` with the conv backward split in two."""
+    zero = dict.fromkeys((*KINDS, *CONV_SPLIT), 0.0)
+    zero.pop("conv backward")
+    return zero
+
+
 def _our_kinds(fn: Any) -> dict[Any, str]:
     """Each Apply of compiled ``fn`` -> its kind (a :data:`KINDS` entry or a :data:`CONV_SPLIT`).
 
@@ -154,8 +161,7 @@ def profile_ours(name: str, batch: int, steps: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     times = fn.profile.apply_time
     fg = fn.maker.fgraph
-    per_kind: dict[str, float] = dict.fromkeys((*KINDS, *CONV_SPLIT), 0.0)
-    per_kind.pop("conv backward")
+    per_kind = _zero_kinds()
     for node, kind in _our_kinds(fn).items():
         per_kind[kind] += times.get((fg, node), 0.0)
     ms = 1e3 / steps
@@ -213,8 +219,7 @@ def memory_at_peak(fn: Any) -> dict[str, Any]:
     for t0, t1, b in made:
         alive[t0 : t1 + 1] += nbytes(b)
     worst = int(alive.argmax())
-    per_kind = dict.fromkeys((*KINDS, *CONV_SPLIT), 0.0)
-    per_kind.pop("conv backward")
+    per_kind = _zero_kinds()
     for t0, t1, b in made:
         if t0 <= worst <= t1:
             per_kind[kinds[b.owner]] += nbytes(b) / 2**20

@@ -77,7 +77,6 @@ def _geom(op: Any) -> tuple[tuple[int, int], tuple[int, int], int]:
 @jax_funcify.register(Conv2d)
 def _jax_conv2d(op: Conv2d, node: Any = None, **kwargs: Any) -> Any:
     stride, pad, groups = _geom(op)
-
     relu = bool(op.relu)
 
     def conv2d(x: Any, w: Any, b: Any = None) -> Any:

@@ -58,6 +58,25 @@ def _is_positive_mask(node: Any, v: Any) -> bool:
         return False
 
 
+def _is_product_of_two(node: Any) -> bool:
+    """Whether ``node`` is an Elemwise multiplication of exactly two inputs."""
+    return (
+        isinstance(node.op, Elemwise)
+        and isinstance(node.op.scalar_op, ps.Mul)
+        and len(node.inputs) == 2
+    )
+
+
+def _relu_input(node: Any) -> Any:
+    """``v`` when ``node`` is the ReLU ``v * (v > 0)`` (in either order), else None."""
+    if not _is_product_of_two(node):
+        return None
+    for v, mask in (node.inputs, node.inputs[::-1]):
+        if mask.owner is not None and _is_positive_mask(mask.owner, v):
+            return v
+    return None
+
+
 @register_specialize("theanompi")
 @node_rewriter([Conv2d])
 def fuse_conv_relu(fgraph: Any, node: Any) -> Any:
@@ -71,13 +90,7 @@ def fuse_conv_relu(fgraph: Any, node: Any) -> Any:
     for client, _ in fgraph.clients[v]:
         if _is_positive_mask(client, v):
             masks.append(client.outputs[0])
-        elif isinstance(client.op, Elemwise) and isinstance(client.op.scalar_op, ps.Mul):
-            ins = client.inputs
-            if len(ins) != 2 or v not in ins:
-                return None
-            other = ins[1] if ins[0] is v else ins[0]
-            if other.owner is None or not _is_positive_mask(other.owner, v):
-                return None
+        elif _relu_input(client) is v:
             relus.append(client.outputs[0])
         else:
             return None
@@ -89,18 +102,13 @@ def fuse_conv_relu(fgraph: Any, node: Any) -> Any:
 
 
 def _masks_positive(node: Any, x: Any) -> bool:
-    """Whether ``node`` is ``x > 0``, or ``v > 0`` where ``x`` is the ReLU ``v * (v > 0)``."""
+    """Whether ``node`` is ``x > 0``, or ``v > 0`` where ``x`` is the ReLU ``v * (v > 0)``
+    built on that very mask."""
     if _is_positive_mask(node, x):
         return True
     relu = x.owner
     return (
-        relu is not None
-        and isinstance(relu.op, Elemwise)
-        and isinstance(relu.op.scalar_op, ps.Mul)
-        and len(relu.inputs) == 2
-        and node.outputs[0] in relu.inputs
-        and _is_positive_mask(node, node.inputs[0])
-        and node.inputs[0] in relu.inputs
+        relu is not None and node.outputs[0] in relu.inputs and _relu_input(relu) is node.inputs[0]
     )
 
 
@@ -110,7 +118,7 @@ def mask_before_unpool(fgraph: Any, node: Any) -> Any:
     """``Pool2dGrad_max(x, gz, argmax) * (x > 0)`` -> ``Pool2dGrad_max(x, gz * (pooled > 0),
     argmax)``; every window that scatters to a position has that position's value as its
     pooled maximum, so both masks agree wherever a gradient lands."""
-    if not isinstance(node.op.scalar_op, ps.Mul) or len(node.inputs) != 2:
+    if not _is_product_of_two(node):
         return None
     for grad, mask in (node.inputs, node.inputs[::-1]):
         unpool = grad.owner
