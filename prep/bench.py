@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -158,6 +157,7 @@ def _ours(
     the per-rank ratios; 2 shows what a rank's second thread gives when a core is spare)."""
     from prep.batch import THREADS_ENV
     from theanompi.launch.mpirun import mpirun_command, mpirun_env
+    from theanompi.launch.supervise import run_started
 
     _clear_batches(out)
     cmd = mpirun_command(
@@ -170,7 +170,7 @@ def _ours(
         | {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
         | {THREADS_ENV: str(threads)}
     )
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = run_started(cmd, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"bench worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -274,6 +274,7 @@ def _scan_worker(src: str, out: str) -> int:
 def scan_scale(n_train: int, n_classes: int, ranks: int, work: Path | None = None) -> dict:
     """Build a hard-link tree, run scan + shuffle under ``mpirun -n ranks``, delete the tree."""
     from theanompi.launch.mpirun import mpirun_command, mpirun_env
+    from theanompi.launch.supervise import run_started
 
     tmp = tempfile.TemporaryDirectory(prefix="tmpi-bench-scan-", dir=work)
     try:
@@ -296,7 +297,7 @@ def scan_scale(n_train: int, n_classes: int, ranks: int, work: Path | None = Non
         env = mpirun_env(
             os.environ | {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
         )
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        proc = run_started(cmd, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"scan worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
         res = json.loads(proc.stdout.strip().splitlines()[-1])

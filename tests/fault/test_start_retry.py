@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from theanompi.launch.mpirun import mpirun_command, mpirun_env
-from theanompi.launch.supervise import START_TRIES, _launch
+from theanompi.launch.supervise import START_TRIES, _launch, run_started
 
 pytestmark = pytest.mark.mpi
 
@@ -60,6 +60,18 @@ def test_it_gives_up_after_the_last_try(tmp_path: Path, capfd) -> None:
     assert result.not_started and result.mpirun_code == 213
     assert err.count("launching again") == START_TRIES - 1
     assert (tmp_path / "count").read_text().strip() == str(START_TRIES)
+
+
+def test_run_started_runs_a_never_started_line_again_then_gives_up(tmp_path: Path) -> None:
+    """The captured-output retry that ``run_mpi`` and ``prep.bench`` use."""
+    (tmp_path / "once").mkdir()
+    proc = run_started(_flaky(tmp_path / "once", fails=1), env=mpirun_env())
+    assert proc.returncode == 0 and "sum 1" in proc.stdout, proc.stderr
+    assert (tmp_path / "once" / "count").read_text().strip() == "2"
+    (tmp_path / "always").mkdir()
+    proc = run_started(_flaky(tmp_path / "always", fails=START_TRIES), env=mpirun_env())
+    assert proc.returncode == 213 and "PMIx server's listener" in proc.stderr
+    assert (tmp_path / "always" / "count").read_text().strip() == str(START_TRIES)
 
 
 def test_the_fault_harness_starts_a_never_started_job_again(tmp_path: Path) -> None:

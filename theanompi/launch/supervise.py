@@ -36,6 +36,7 @@ __all__ = [
     "TERMINAL_ENV",
     "live_output",
     "never_started",
+    "run_started",
 ]
 
 LAUNCHER_PID_ENV = "THEANOMPI_LAUNCHER_PID"  # the ranks stop when this process is gone
@@ -101,6 +102,17 @@ START_TRIES = 3
 def never_started(mpirun_output: str) -> bool:
     """mpirun failed before starting any rank (its PMIx listener): the same launch may go again."""
     return bool(_NOT_STARTED.search(mpirun_output))
+
+
+def run_started(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` of an mpirun line,
+    run again (up to :data:`START_TRIES` in all) while mpirun failed before starting any rank:
+    the captured-output twin of the launcher's own retry, for benches and tests."""
+    for _ in range(START_TRIES):
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+        if proc.returncode == 0 or not never_started(proc.stderr + proc.stdout):
+            break
+    return proc
 
 
 # mpirun's banner when the ranks end as asked after a stop request: exit 130, or killed by the

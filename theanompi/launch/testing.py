@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from theanompi.launch.mpirun import mpirun_command, mpirun_env
-from theanompi.launch.supervise import START_TRIES, never_started
+from theanompi.launch.supervise import run_started
 
 __all__ = ["REPO", "run_mpi", "tmpi"]
 
@@ -34,12 +34,7 @@ def run_mpi(
     """
     cmd = mpirun_command(n, [sys.executable, *map(str, args)])
     full_env = mpirun_env(os.environ | {"PYTHONPATH": str(REPO)} | (env or {}))
-    for _ in range(START_TRIES):
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO
-        )
-        if proc.returncode == 0 or not never_started(proc.stderr + proc.stdout):
-            break
+    proc = run_started(cmd, timeout=timeout, env=full_env, cwd=cwd or REPO)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"mpirun -n {n} {' '.join(map(str, args))} exited {proc.returncode}\n"
