@@ -64,6 +64,12 @@ def plan_buckets(
     return buckets
 
 
+def _views(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """``flat`` cut into consecutive arrays of these shapes (views, no copy)."""
+    ends = np.cumsum([int(np.prod(s)) for s in shapes]).tolist()
+    return [flat[e - int(np.prod(s)) : e].reshape(s) for s, e in zip(shapes, ends, strict=True)]
+
+
 class OverlappedExchange:
     """Exchange ``arrays``-shaped float32 values in buckets, each on a thread as it is ready.
 
@@ -86,12 +92,20 @@ class OverlappedExchange:
         comm: Any,
     ) -> None:
         self.buckets = plan_buckets([4 * int(np.prod(s)) for s in shapes], bucket_mb)
-        self._bufs = [[np.zeros(shapes[i], np.float32) for i in b] for b in self.buckets]
+        # a bucket is one flat buffer (its arrays are views of it), exchanged as one array: one
+        # MPI call a bucket, so the thread needs no GIL between its arrays (measured on two
+        # simulated nodes: exchange waited after the step 87 -> 61-71 ms)
+        self._flat = [
+            np.zeros(sum(int(np.prod(shapes[i])) for i in b), np.float32) for b in self.buckets
+        ]
+        self._bufs = [
+            _views(f, [shapes[i] for i in b]) for f, b in zip(self._flat, self.buckets, strict=True)
+        ]
         self._where = {i: (k, j) for k, b in enumerate(self.buckets) for j, i in enumerate(b)}
         self.comm = PollingComm(comm.Dup())
         self._exchangers = [make_exchanger(self.comm) for _ in self.buckets]
-        for ex, bufs in zip(self._exchangers, self._bufs, strict=True):
-            ex.prepare(bufs)
+        for ex, flat in zip(self._exchangers, self._flat, strict=True):
+            ex.prepare([flat])
         self._queue: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
         self._idle = False
         self._entered = threading.Semaphore(0)
@@ -169,7 +183,7 @@ class OverlappedExchange:
             if handover:  # the exchange releases the GIL inside its first MPI call
                 self._entered.release()
             try:
-                self._exchangers[k].exchange(self._bufs[k])
+                self._exchangers[k].exchange([self._flat[k]])
             except BaseException as err:  # raised again by wait(), on the caller's thread
                 self._error = err
             t1 = MPI.Wtime()
