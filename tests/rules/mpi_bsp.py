@@ -1,10 +1,11 @@
 """Per-rank program: run BSP on a tiny dataset and dump the final state.
 
-``python mpi_bsp.py DATA RUN OUT [--resume] [--skew] [section.key=value ...]``
+``python mpi_bsp.py DATA RUN OUT [--resume] [--skew] [--slow] [section.key=value ...]``
 
 Runs ``theanompi.train.run.run`` (rule BSP) with the numpy FakeModel, then rank 0 writes OUT (.npz): every rank's params and
 optimizer state (gathered), and the summary as JSON. ``--skew`` gives rank 1 a
-model with an extra parameter (the start-up layout check must refuse it).
+model with an extra parameter (the start-up layout check must refuse it); ``--slow`` makes
+rank 1's gradients take :data:`SLOW_S` longer (a straggler).
 Exits 130 when the run was interrupted.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,6 +33,8 @@ from theanompi.comm import install_abort_hook  # noqa: E402
 from theanompi.errors import UserError  # noqa: E402
 from theanompi.train.run import run as train_run  # noqa: E402
 
+SLOW_S = 0.15
+
 
 def main(argv: list[str]) -> int:
     install_abort_hook()
@@ -42,6 +46,14 @@ def main(argv: list[str]) -> int:
     model = FakeModel(cfg.model)
     if "--skew" in flags and rank == 1:
         model.params.append(pytensor.shared(np.zeros(3, np.float32), name="extra.b"))
+    if "--slow" in flags and rank == 1:
+        grads = model._grads
+
+        def slow_grads(x: np.ndarray, y: np.ndarray) -> tuple:
+            time.sleep(SLOW_S)
+            return grads(x, y)
+
+        model._grads = slow_grads
     try:
         summary = train_run(cfg, comm=comm, resume="--resume" in flags, model=model)
     except UserError as err:

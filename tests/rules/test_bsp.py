@@ -97,6 +97,23 @@ def test_deterministic_mode_repeats_exactly(mpirun, data: Path, tmp_path: Path) 
     assert [p.name for p in list_checkpoints(tmp_path / "r1" / "checkpoints")] == ["epoch_0001.npz"]
 
 
+@pytest.mark.parametrize("sync_type", ["avg", "cdd"])
+def test_the_wait_for_a_slow_rank_is_not_counted_as_exchange(
+    mpirun, data: Path, tmp_path: Path, sync_type: str
+) -> None:
+    """Rank 1 takes 0.15 s longer a step: rank 0 waits for it at the barrier before the
+    exchange (``sync``), and its exchange is the network's time alone."""
+    args = ["model.n_epochs=1", "output.snapshot_freq=0", f"weight_exchange.sync_type={sync_type}"]
+    out = _run(mpirun, 2, data, tmp_path / "r", tmp_path / "a.npz", "--slow", *args).stdout
+    summary, _ = _load(tmp_path / "a.npz", 2)  # rank 0's numbers
+    assert summary["median_sync_s"] > 0.1, summary
+    assert summary["median_exchange_s"] < 0.05, summary
+    assert summary["t_sync"] > 0.1 and summary["t_exchange"] < 0.05, summary
+    assert "for the slowest rank" in out, out
+    steps = [r for r in read_record(tmp_path / "r") if r["kind"] == "step"]
+    assert steps and all(r["t_sync"] > 0.1 for r in steps), steps
+
+
 def test_one_rank_runs_and_reports_dropped_remainder(mpirun, data: Path, tmp_path: Path) -> None:
     proc = _run(
         mpirun,

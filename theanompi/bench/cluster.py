@@ -8,7 +8,9 @@ training of the widened digits CNN (``--arch``; ``--batch-size`` per rank, ``--s
 
 - ``overlap``: N=2, one rank per node, ``weight_exchange.overlap`` never vs always;
 - ``hierarchical``: N=4, two ranks per node, ``weight_exchange.hierarchical`` never vs always
-  (both with ``overlap`` never, so the exchange column is the whole exchange);
+  (both with ``overlap`` never, so the exchange column is the whole exchange, from the moment
+  all ranks met: the wait for the slowest rank, four ranks sharing two cores, is the
+  ``slowest`` column, as Horovod's timeline shows its negotiation apart);
 - ``ddp``: the PyTorch DDP twin (:mod:`theanompi.bench.ddp`, gloo, ``GLOO_SOCKET_IFNAME`` set
   to each node's veth) of the same network, batch and threads on the same pair.
 
@@ -162,13 +164,16 @@ def _ms(v: float | None) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'setup':<26} {'images/s':>9} {'step ms':>8} {'compute':>8} {'exchange':>9} "
-        f"{'hidden':>7}  runs (images/s)"
+        f"{'setup':<26} {'images/s':>9} {'step ms':>8} {'compute':>8} {'slowest':>8} "
+        f"{'exchange':>9} {'hidden':>7}  runs (images/s)"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         runs = " ".join(f"{v:.0f}" for v in r["repeats_images_per_s"])
-        split = f"{_ms(r['compute_s']):>8} {_ms(r['exchange_s']):>9} {_ms(r.get('hidden_s')):>7}"
+        split = (
+            f"{_ms(r['compute_s']):>8} {_ms(r.get('sync_s')):>8} {_ms(r['exchange_s']):>9} "
+            f"{_ms(r.get('hidden_s')):>7}"
+        )
         lines.append(
             f"{r['setup']:<26} {r['images_per_s']:>9,.0f} {_ms(r['step_s']):>8} {split}  {runs}"
         )

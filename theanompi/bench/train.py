@@ -142,6 +142,7 @@ def _worker(args: argparse.Namespace) -> int:
     b = int(cfg.model.batch_size)
     mine = {k: s[f"median_{k}_s"] for k in ("wall", "compute", "exchange", "wait")}
     mine["hidden"] = s.get("median_hidden_s", s.get("t_hidden", 0.0))  # exchange under compute
+    mine["sync"] = s.get("median_sync_s", 0.0)  # waited for the slowest rank, not in exchange
     mine["peak_rss"] = peak_rss_bytes()  # the whole run: build, steps, exchanges, validation
     everyone = world.gather(mine, root=0)
     if world.Get_rank() == 0:
@@ -161,6 +162,7 @@ def _worker(args: argparse.Namespace) -> int:
             "exchange_s": mine["exchange"],
             "wait_s": mine["wait"],
             "hidden_s": mine["hidden"],
+            "sync_s": mine["sync"],
             "param_mb": param_bytes(model.params) / MB,
             "peak_rss_mb": max(r["peak_rss"] for r in everyone) / MB,
             "peak_rss_mb_per_rank": [r["peak_rss"] / MB for r in everyone],

@@ -84,8 +84,9 @@ class PollingComm:
     """``comm`` whose blocking calls (those the exchangers make) wait with :func:`wait`.
 
     Everything else is ``comm``'s own; :meth:`Split`, :meth:`Split_type` and :meth:`Dup`
-    return polling communicators too. For a thread that exchanges while another computes:
-    the caller's thread would rather spin (nothing else to do), so only the overlap uses it.
+    return polling communicators too. For a thread that exchanges while another computes, and
+    for a rank that waits for a late one that may share its core (BSP's barrier before a
+    serial exchange); a serial exchange itself would rather spin (nothing else to do).
     """
 
     def __init__(self, comm: Any, poll_us: int = POLL_US) -> None:

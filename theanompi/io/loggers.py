@@ -60,6 +60,7 @@ TB_TAGS: dict[str, dict[str, str]] = {
         "t_wait": "time/wait_s",
         "t_wall": "time/step_s",
         "t_hidden": "time/exchange_hidden_s",
+        "t_sync": "time/slowest_rank_wait_s",
     },
     "epoch": {
         "train_loss": "epoch/train_loss",
@@ -74,6 +75,7 @@ TB_TAGS: dict[str, dict[str, str]] = {
         "t_exchange": "epoch/exchange_s",
         "t_wait": "epoch/wait_s",
         "t_hidden": "epoch/exchange_hidden_s",
+        "t_sync": "epoch/slowest_rank_wait_s",
     },
 }
 

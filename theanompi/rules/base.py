@@ -76,6 +76,9 @@ class SyncRule:
     world: Any = None
     #: seconds of the last step's exchange hidden under compute (overlap; the Trainer logs it)
     hidden_s: float = 0.0
+    #: seconds the last step waited for the slowest rank before its exchange (Horovod's
+    #: negotiation: load imbalance, not the network; the Trainer logs it apart)
+    sync_s: float = 0.0
     #: the last step's ``(bucket, start, end)`` Wtime spans of an overlapped exchange (timeline)
     bucket_spans: Sequence[tuple[int, float, float]] = ()
 

@@ -77,7 +77,9 @@ class BSP(SyncRule):
         self._in_flight = False  # this step's buckets went to `overlapped`
         self.hidden_s = 0.0  # of the last step's exchange, the seconds hidden under compute
         self.bucket_spans: list[tuple[int, float, float]] = []  # last step's (k, start, end)
+        self.sync_s = 0.0  # the last step's wait for the slowest rank (serial exchange)
         self._comm: Any = None
+        self._meet: Any = None  # a polling duplicate of comm for the barrier before exchanges
 
     @classmethod
     def from_config(cls, weight_exchange: Any, seed: int) -> BSP:
@@ -142,8 +144,10 @@ class BSP(SyncRule):
         if comm.Get_size() == 1:
             return
         from theanompi.exchange.hierarchical import hierarchical_wanted
+        from theanompi.exchange.polling import PollingComm
 
         self._comm = comm
+        self._meet = PollingComm(comm.Dup())
         self._node_first = hierarchical_wanted(self.hierarchical, comm, self.strategy)
         shared = self._shared(model)
         if self._overlaps(model, comm):
@@ -167,7 +171,7 @@ class BSP(SyncRule):
         from mpi4py import MPI
 
         t0 = MPI.Wtime()
-        self.hidden_s, self.bucket_spans = 0.0, []
+        self.hidden_s, self.sync_s, self.bucket_spans = 0.0, 0.0, []
         if self._in_flight:  # the buckets are on their way: wait for the rest
             self._in_flight = False
             ox = self.overlapped
@@ -176,6 +180,10 @@ class BSP(SyncRule):
             self.bucket_spans = ox.take_spans()
             set_values(model.grads, [ox.result(i) for i in range(len(model.grads))])
         elif self._comm is not None:  # serial (also the K > 1 sub-batch steps of overlap)
+            # the ranks meet first (a barrier that sleeps, not spins), so that the exchange's
+            # time is the network's and the slowest rank's lateness is counted apart
+            self._meet.Barrier()
+            self.sync_s = MPI.Wtime() - t0
             if self.exchanger is None:
                 self.exchanger = self._make_exchanger(self._comm)
                 self.exchanger.prepare(get_values(self._shared(model)))
@@ -191,4 +199,7 @@ class BSP(SyncRule):
     def finish(self, model: Any) -> dict[str, Any]:
         if self.overlapped is not None:
             self.overlapped.close()
+        if self._meet is not None:
+            self._meet.Free()
+            self._meet = None
         return {}

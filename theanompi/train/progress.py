@@ -19,7 +19,8 @@ def fmt_ms(seconds: float) -> str:
 @dataclass
 class StepStats:
     """Per-step numbers of one rank: loss, error, and seconds in compute / exchange / data wait
-    (``exchange``: what the step waited for; ``hidden``: exchange seconds under compute)."""
+    (``exchange``: what the step waited for; ``hidden``: exchange seconds under compute;
+    ``sync``: seconds waited for the slowest rank before the exchange, not in ``exchange``)."""
 
     loss: list[float] = field(default_factory=list)
     err: list[float] = field(default_factory=list)
@@ -28,6 +29,7 @@ class StepStats:
     wait: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
     hidden: list[float] = field(default_factory=list)
+    sync: list[float] = field(default_factory=list)
 
     def add(
         self,
@@ -38,6 +40,7 @@ class StepStats:
         wait: float,
         wall: float,
         hidden: float = 0.0,
+        sync: float = 0.0,
     ) -> None:
         self.loss.append(float(loss))
         self.err.append(float(err))
@@ -46,6 +49,7 @@ class StepStats:
         self.wait.append(wait)
         self.wall.append(wall)
         self.hidden.append(hidden)
+        self.sync.append(sync)
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -55,7 +59,7 @@ class StepStats:
         return StepStats(
             *(
                 getattr(self, k)[start:]
-                for k in ("loss", "err", "compute", "exchange", "wait", "wall", "hidden")
+                for k in ("loss", "err", "compute", "exchange", "wait", "wall", "hidden", "sync")
             )
         )
 
@@ -68,13 +72,18 @@ class StepStats:
         return float(statistics.median(v)) if v else float("nan")
 
     def split(self) -> dict[str, float]:
-        """Mean seconds per step in compute / exchange / wait, the mean step wall time, and the
-        exchange seconds hidden under compute."""
-        return {f"t_{k}": self.mean(k) for k in ("compute", "exchange", "wait", "wall", "hidden")}
+        """Mean seconds per step in compute / exchange / wait, the mean step wall time, the
+        exchange seconds hidden under compute and the seconds waited for the slowest rank."""
+        keys = ("compute", "exchange", "wait", "wall", "hidden", "sync")
+        return {f"t_{k}": self.mean(k) for k in keys}
 
 
 def _hidden(seconds: float) -> str:
     return f" (+{fmt_ms(seconds)} hidden)" if seconds > 0 else ""
+
+
+def _sync(seconds: float) -> str:
+    return f" (after {fmt_ms(seconds)} for the slowest rank)" if seconds > 0 else ""
 
 
 class Progress:
@@ -132,7 +141,7 @@ class Progress:
             f"[{self.tag}] epoch {epoch + 1}/{n_epochs} step {step_in_epoch}/{steps_per_epoch} | "
             f"loss {loss:.4f} err {err * 100:.2f}% | {ips:,.0f} img/s | compute "
             f"{fmt_ms(split['t_compute'])}, exchange {fmt_ms(split['t_exchange'])}"
-            f"{_hidden(split['t_hidden'])}, wait "
+            f"{_hidden(split['t_hidden'])}{_sync(split['t_sync'])}, wait "
             f"{fmt_ms(split['t_wait'])} per step | lr {lr:.4g}"
         )
         return entry

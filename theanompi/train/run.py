@@ -75,8 +75,9 @@ def run(
     dict
         The summary, the same on every rank: ``epochs``, ``steps``, ``val_top1_err``,
         ``val_top5_err``, ``val_loss``, ``val_n``, ``images_per_s``, ``t_compute`` /
-        ``t_exchange`` / ``t_wait`` / ``t_wall`` / ``t_hidden`` (mean s per step; hidden: of
-        the exchange, under compute), ``median_*_s``,
+        ``t_exchange`` / ``t_wait`` / ``t_wall`` / ``t_hidden`` / ``t_sync`` (mean s per
+        step; hidden: of the exchange, under compute; sync: waited for the slowest rank before
+        the exchange, not in ``t_exchange``), ``median_*_s``,
         ``seconds``, ``checkpoint``, ``interrupted``, and the rule's own fields.
     """
     from mpi4py import MPI

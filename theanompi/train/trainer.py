@@ -222,7 +222,10 @@ class Trainer:
             interrupted=interrupted,
             images_per_s=self._ips(s),
             **s.split(),
-            **{f"median_{k}_s": s.median(k) for k in ("wall", "compute", "exchange", "wait")},
+            **{
+                f"median_{k}_s": s.median(k)
+                for k in ("wall", "compute", "exchange", "wait", "sync")
+            },
             **extra,
         )
         if interrupted:
@@ -295,11 +298,20 @@ class Trainer:
                         interrupted, save_mid = self._agree(stop, bad, epoch, step)
                     save_mid = (save_mid or ckpt_due) and not last
                 t4 = wtime()
-                hidden = rule.hidden_s  # exchange under compute (overlap)
+                hidden, sync = rule.hidden_s, rule.sync_s  # under compute; for the slowest rank
                 s.add(
-                    loss, err, (t3 - t0) - waited - exch, exch + (t4 - t3), waited, t4 - t0, hidden
+                    loss,
+                    err,
+                    (t3 - t0) - waited - exch,
+                    exch - sync + (t4 - t3),
+                    waited,
+                    t4 - t0,
+                    hidden,
+                    sync,
                 )
-                tl.add("exchange", t2, t4, step=step)
+                if sync > 0:  # Horovod's NEGOTIATE: the ranks meet, then exchange
+                    tl.add("wait for the slowest rank", t2, t2 + sync, step=step)
+                tl.add("exchange", t2 + sync, t4, step=step)
                 for b, start, end in rule.bucket_spans:  # overlap's thread
                     tl.add("bucket exchange", start, end, thread="exchange", step=step, bucket=b)
                 if check_every and step % check_every == 0:
