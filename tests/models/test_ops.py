@@ -246,3 +246,52 @@ def test_bad_shapes_raise_clear_errors():
     p = pytensor.function([x], ops.pool2d(x, (3, 3)), mode=C)
     with pytest.raises(ValueError, match="does not fit a 2x2 input"):
         p(np.zeros((1, 1, 2, 2), "float32"))
+
+
+def test_a_corrupt_argmax_is_a_value_error_raised_after_the_kernel():
+    """The kernels run without the GIL and report a code; the glue raises it afterwards."""
+    x, gz, idx = pt.tensor4("x"), pt.tensor4("gz"), pt.itensor4("idx")
+    g = pytensor.function([x, gz, idx], ops.Pool2dGrad("max", (2, 2), (2, 2))(x, gz, idx), mode=C)
+    ok = np.zeros((1, 1, 2, 2), "int32")
+    assert g(np.zeros((1, 1, 4, 4), "float32"), np.ones((1, 1, 2, 2), "float32"), ok).sum() == 4
+    with pytest.raises(ValueError, match="argmax index outside the input plane"):
+        g(np.zeros((1, 1, 4, 4), "float32"), np.ones((1, 1, 2, 2), "float32"), ok + 16)
+
+
+def test_the_kernels_release_the_gil_for_another_thread():
+    """A Python thread keeps running while a convolution computes: the longest stretch it is
+    held up is far shorter than the convolution (with the GIL held: the whole call)."""
+    import threading
+    import time
+
+    x, w = pt.tensor4("x"), pt.tensor4("w")
+    f = pytensor.function([x, w], ops.conv2d(x, w, pad=(1, 1)), mode=C)
+    xv = R.standard_normal((64, 32, 28, 28)).astype("float32")
+    wv = R.standard_normal((64, 32, 3, 3)).astype("float32")
+    f(xv, wv)
+    t0 = time.perf_counter()
+    f(xv, wv)
+    once = time.perf_counter() - t0
+    calls = max(1, int(0.3 / once) + 1)  # one call of >= 0.3 s
+    xv = np.concatenate([xv] * calls)
+
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    try:
+        time.sleep(0.02)
+        t0 = time.perf_counter()
+        f(xv, wv)
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        thread.join()
+    inside = [t for t in ticks if t0 <= t <= t1]
+    gaps = np.diff([t0, *inside, t1])
+    assert gaps.max() < 0.5 * (t1 - t0), (gaps.max(), t1 - t0)

@@ -27,7 +27,7 @@ __all__ = ["KernelOp", "int_params", "float_params", "C_TYPES"]
 C_TYPES = {"float32": ("npy_float32", "NPY_FLOAT32"), "float64": ("npy_float64", "NPY_FLOAT64")}
 
 # Bump when the C++ below changes: PyTensor keys its compile cache on it.
-_VERSION = 9
+_VERSION = 10
 
 SUPPORT = r"""
 #include <string.h>
@@ -48,6 +48,27 @@ int BLAS_PREFIXopenblas_get_num_threads(void) __attribute__((weak));
 }
 
 namespace tmpi {
+
+/* The kernels run without the GIL (KERNEL below), so that a communication thread can start
+   and finish exchanges while the step computes: they touch no Python object and report a
+   failure as one of these codes, which raised() turns into the Python error afterwards. */
+enum { NOMEM = -2, BAD_ARGMAX = -3 };
+
+static int raised(int code) {
+    if (code == NOMEM) PyErr_NoMemory();
+    else if (code == BAD_ARGMAX)
+        PyErr_SetString(PyExc_ValueError, "pool2d grad: argmax index outside the input plane");
+    return code ? -1 : 0;
+}
+
+/* err = call, a kernel run with the GIL released; a failure code becomes the Python error */
+#define TMPI_NOGIL(err, call)                                                                 \
+    do {                                                                                      \
+        PyThreadState* tmpi_ts_ = PyEval_SaveThread();                                        \
+        err = (call);                                                                         \
+        PyEval_RestoreThread(tmpi_ts_);                                                       \
+        err = tmpi::raised(err);                                                              \
+    } while (0)
 
 /* While alive, OpenBLAS runs single-threaded: the caller parallelises over samples with
    OpenMP instead, so BLAS's own threads never compete with ours for the cores. */
@@ -266,7 +287,7 @@ static int each_chunk(const ConvGeom& g, bool need_rows, Body body) {
             body(n0, m, cols, rows, omp_get_thread_num());
         }
     }
-    if (failed) { PyErr_NoMemory(); return -1; }
+    if (failed) return NOMEM;
     return 0;
 }
 
@@ -320,7 +341,7 @@ static int conv_grad_weights(const ConvGeom& g, const T* x, const T* gz, T* dw, 
     }
     /* one accumulator per thread, summed in thread order: the same bits for the same threads */
     T* acc = (T*)scratch(ACC, sizeof(T) * DW * threads);
-    if (!acc) { PyErr_NoMemory(); return -1; }
+    if (!acc) return NOMEM;
     memset(acc, 0, sizeof(T) * DW * threads);
     const int err = each_chunk<T>(g, true, [&](int n0, int m, T* cols, T* rows, int t) {
         const npy_intp NP = m * P;
@@ -469,10 +490,7 @@ static int pool_backward(const PoolGeom& g, bool is_max, const npy_int32* idx, c
                 for (int xx = x0; xx < x1; ++xx) dp[(npy_intp)y * g.W + xx] += share;
         });
     }
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, "pool2d grad: argmax index outside the input plane");
-        return -1;
-    }
+    if (bad) return BAD_ARGMAX;
     return 0;
 }
 
@@ -511,7 +529,7 @@ static int lrn_forward(int B, int C, npy_intp P, int n, T k, T alpha, T beta, co
             for (npy_intp i = 0; i < (npy_intp)C * P; ++i) yb[i] = xb[i] * pow(scale[i], -beta);
         }
     }
-    if (failed) { PyErr_NoMemory(); return -1; }
+    if (failed) return NOMEM;
     return 0;
 }
 
@@ -550,7 +568,7 @@ static int lrn_backward(int B, int C, npy_intp P, int n, T k, T alpha, T beta, c
             }
         }
     }
-    if (failed) { PyErr_NoMemory(); return -1; }
+    if (failed) return NOMEM;
     return 0;
 }
 

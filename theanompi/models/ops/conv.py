@@ -184,7 +184,7 @@ class _ConvOp(KernelOp):
             }}
             if (!err) err = tmpi::check_geom(g);
             {alloc}
-            if (!err) err = {call.format(ctype=ctype)};
+            if (!err) TMPI_NOGIL(err, {call.format(ctype=ctype)});
             {release}
             if (err) {{ {fail} }}
         }}

@@ -73,9 +73,9 @@ class _LRNBase(KernelOp):
             if (!err) err = tmpi::prepare_output(&{z}, 4, PyArray_DIMS(a0), {typenum});
             if (!err) {{
                 npy_intp* d = PyArray_DIMS(a0);
-                err = tmpi::{kernel}<{ctype}>((int)d[0], (int)d[1], d[2] * d[3], (int){p}->n,
+                TMPI_NOGIL(err, tmpi::{kernel}<{ctype}>((int)d[0], (int)d[1], d[2] * d[3], (int){p}->n,
                                               ({ctype}){p}->k, ({ctype}){p}->alpha, ({ctype}){p}->beta,
-                                              {data}, ({ctype}*)PyArray_DATA({z}));
+                                              {data}, ({ctype}*)PyArray_DATA({z})));
             }}
             {release}
             if (err) {{ {fail} }}

@@ -194,8 +194,8 @@ class Pool2d(_PoolOp):
             if (!err) err = tmpi::prepare_output(&{z}, 4, oshape, {typenum});"""
             + alloc_idx.replace("{", "{{").replace("}", "}}")
             + """
-            if (!err) tmpi::pool_forward<{ctype}>(g, {p}->is_max, ({ctype}*)PyArray_DATA(a0),
-                                                   ({ctype}*)PyArray_DATA({z}), IDX);""".replace(
+            if (!err) TMPI_NOGIL(err, (tmpi::pool_forward<{ctype}>(g, {p}->is_max,
+                                  ({ctype}*)PyArray_DATA(a0), ({ctype}*)PyArray_DATA({z}), IDX), 0));""".replace(
                 "IDX", f"(npy_int32*)PyArray_DATA({idx})" if idx else "NULL"
             )
         )
@@ -254,9 +254,9 @@ class Pool2dGrad(_PoolOp):
             }}
             CHECK_ARGMAX
             if (!err) err = tmpi::prepare_output(&{z}, 4, PyArray_DIMS(a0), {typenum});
-            if (!err) err = tmpi::pool_backward<{ctype}>(g, {p}->is_max, IDX,
-                                                          ({ctype}*)PyArray_DATA(a1),
-                                                          ({ctype}*)PyArray_DATA({z}));"""
+            if (!err) TMPI_NOGIL(err, tmpi::pool_backward<{ctype}>(g, {p}->is_max, IDX,
+                                                                  ({ctype}*)PyArray_DATA(a1),
+                                                                  ({ctype}*)PyArray_DATA({z})));"""
         check = """if (!err && !PyArray_SAMESHAPE(a1, a2)) {{
                 PyErr_SetString(PyExc_ValueError, "pool2d grad: argmax does not match gz");
                 err = 1;
