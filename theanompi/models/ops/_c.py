@@ -49,7 +49,7 @@ int BLAS_PREFIXopenblas_get_num_threads(void) __attribute__((weak));
 
 namespace tmpi {
 
-/* The kernels run without the GIL (KERNEL below), so that a communication thread can start
+/* The kernels run without the GIL (TMPI_NOGIL below), so that a communication thread can start
    and finish exchanges while the step computes: they touch no Python object and report a
    failure as one of these codes, which raised() turns into the Python error afterwards. */
 enum { NOMEM = -2, BAD_ARGMAX = -3 };
