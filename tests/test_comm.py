@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -9,6 +12,7 @@ import pytest
 
 from theanompi.comm import is_power_of_two
 from theanompi.io.atomic import atomic_write, write_json
+from theanompi.launch.mpirun import mpirun_env
 
 RAISER = """
 import sys, time
@@ -85,3 +89,31 @@ def test_threads_the_user_set_are_kept(mpirun, tmp_path: Path) -> None:
     script.write_text(NODE)
     out = mpirun(2, [script], env={"OPENBLAS_NUM_THREADS": "7", "PYTENSOR_FLAGS": ""}, timeout=120)
     assert all(line.split()[3] == line.split()[5] == "7" for line in out.stdout.splitlines())
+
+
+SHOW_BTL = "import os, theanompi; print(os.environ.get('OMPI_MCA_btl'))"
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, "^ofi"),  # a singleton: libfabric's BTL would only sleep 1 s in MPI_Init
+        ({"OMPI_MCA_btl": "self,tcp"}, "self,tcp"),  # the user's choice wins
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, "None"),  # a launched rank keeps its launcher's
+        ({"SLURM_PROCID": "0"}, "None"),
+    ],
+)
+def test_a_process_without_a_launcher_starts_mpi_without_the_libfabric_btl(
+    env: dict[str, str], want: str
+) -> None:
+    base = {k: v for k, v in os.environ.items() if k != "OMPI_MCA_btl"}
+    base = {k: v for k, v in base.items() if not k.startswith(("OMPI_COMM", "SLURM_", "PMI"))}
+    out = subprocess.run(
+        [sys.executable, "-c", SHOW_BTL], env=base | env, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == want, out.stderr
+
+
+def test_jobs_tmpi_launches_leave_the_libfabric_btl_out_unless_set() -> None:
+    assert mpirun_env({})["OMPI_MCA_btl"] == "^ofi"
+    assert mpirun_env({"OMPI_MCA_btl": "self,sm,ofi"})["OMPI_MCA_btl"] == "self,sm,ofi"

@@ -20,6 +20,9 @@ import importlib
 from typing import Any
 
 from theanompi._version import __version__
+from theanompi.comm import quick_singleton_start
+
+quick_singleton_start()  # before any module of ours starts MPI
 
 #: name -> "module:attribute" of the public API
 _EXPORTS = {

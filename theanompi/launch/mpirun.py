@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from theanompi.comm import MPI_START_ENV
 from theanompi.errors import UserError
 from theanompi.launch.hosts import Placement, split_placement_flags
 
@@ -60,15 +61,16 @@ NONBLOCKING_COLLECTIVES = {
 
 
 def mpirun_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for mpirun: root-safe when uid is 0, quiet about missing networks, the
-    nonblocking collectives' algorithms (:data:`NONBLOCKING_COLLECTIVES`) unless set."""
+    """Environment for mpirun: root-safe when uid is 0, quiet about missing networks, a quick
+    ``MPI_Init`` (:data:`theanompi.comm.MPI_START_ENV`) and the nonblocking collectives'
+    algorithms (:data:`NONBLOCKING_COLLECTIVES`), each unless set."""
     env = dict(os.environ if base is None else base)
     if hasattr(os, "getuid") and os.getuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PMIX_MCA_gds", "hash")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    for var, value in NONBLOCKING_COLLECTIVES.items():
+    for var, value in (MPI_START_ENV | NONBLOCKING_COLLECTIVES).items():
         env.setdefault(var, value)
     return env
 
