@@ -20,6 +20,7 @@ from _train_data import write_dataset  # noqa: E402
 from theanompi.io.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint  # noqa: E402
 from theanompi.io.record import read_record  # noqa: E402
 from theanompi.launch.mpirun import mpirun_command, mpirun_env  # noqa: E402
+from theanompi.rules.bsp import BSP  # noqa: E402
 
 SCRIPT = str(Path(__file__).with_name("mpi_bsp.py"))
 REPO = Path(__file__).resolve().parents[2]
@@ -218,3 +219,10 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(mpirun, data: Path, tmp_path:
         mpirun, 2, data, run, tmp_path / "b.npz", f"model.n_epochs={ck.epoch + 1}", "--resume"
     )
     assert f"epoch {ck.epoch + 1}/{ck.epoch + 1} done" in out.stdout
+
+
+@pytest.mark.parametrize("kw", [{"sync_type": "sum"}, {"overlap": "yes"}, {"hierarchical": "on"}])
+def test_a_bsp_built_by_hand_refuses_an_unknown_choice(kw: dict[str, str]) -> None:
+    ((key, value),) = kw.items()
+    with pytest.raises(ValueError, match=f"unknown {key} '{value}'; choose from"):
+        BSP("ar", **{"sync_type": "cdd"} | kw)

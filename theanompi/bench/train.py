@@ -128,6 +128,7 @@ def _worker(args: argparse.Namespace) -> int:
     from theanompi.bench._memory import param_bytes, peak_rss_bytes
     from theanompi.config import check_world_size, load_config
     from theanompi.models import create_model
+    from theanompi.train.progress import TIMES
     from theanompi.train.run import run as train_run
 
     world = MPI.COMM_WORLD
@@ -140,9 +141,7 @@ def _worker(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(io.StringIO()):
             s = train_run(cfg, comm=comm, model=model)
     b = int(cfg.model.batch_size)
-    mine = {k: s[f"median_{k}_s"] for k in ("wall", "compute", "exchange", "wait")}
-    mine["hidden"] = s.get("median_hidden_s", s.get("t_hidden", 0.0))  # exchange under compute
-    mine["sync"] = s.get("median_sync_s", 0.0)  # waited for the slowest rank, not in exchange
+    mine = {k: s[f"median_{k}_s"] for k in TIMES}
     mine["peak_rss"] = peak_rss_bytes()  # the whole run: build, steps, exchanges, validation
     everyone = world.gather(mine, root=0)
     if world.Get_rank() == 0:

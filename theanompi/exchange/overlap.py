@@ -66,8 +66,9 @@ def plan_buckets(
 
 def _views(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
     """``flat`` cut into consecutive arrays of these shapes (views, no copy)."""
-    ends = np.cumsum([int(np.prod(s)) for s in shapes]).tolist()
-    return [flat[e - int(np.prod(s)) : e].reshape(s) for s, e in zip(shapes, ends, strict=True)]
+    sizes = [int(np.prod(s)) for s in shapes]
+    ends = np.cumsum(sizes).tolist()
+    return [flat[e - n : e].reshape(s) for s, n, e in zip(shapes, sizes, ends, strict=True)]
 
 
 class OverlappedExchange:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["PollingComm", "POLL_US", "wait"]
+__all__ = ["PollingComm", "POLL_US", "wait", "wait_idle"]
 
 #: microseconds between two progress calls while a request is not complete: a 1 Gbit link
 #: moves 12 KB in 100 us, well under a TCP socket buffer, so the wire stays busy
@@ -78,6 +79,15 @@ def wait(request: Any, poll_us: int = POLL_US) -> None:
         status = np.zeros(_STATUS_BYTES, np.uint8)
         poll(handle, flag, flag.ctypes.data, status.ctypes.data, poll_us)
     request.Wait()
+
+
+def wait_idle(request: Any, poll_us: int = POLL_US) -> None:
+    """Complete ``request`` from a thread with nothing else to do (a rank at a barrier):
+    ``Test``, sleep ``poll_us``, ``Test``. A Python loop, so nothing to compile (:func:`wait`'s
+    loop costs ~0.5 s a process the first time); it needs the GIL between its sleeps, which
+    only a compiled step beside it would keep from it."""
+    while not request.Test():
+        time.sleep(poll_us / 1e6)
 
 
 class PollingComm:

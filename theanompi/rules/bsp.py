@@ -65,8 +65,13 @@ class BSP(SyncRule):
         bucket_mb: float = 25.0,
         hierarchical: str = "never",
     ):
+        from theanompi.exchange import WHEN
+
         if sync_type not in SYNC_TYPES:
             raise ValueError(f"unknown sync_type {sync_type!r}; choose from {SYNC_TYPES}")
+        for key, when in (("overlap", overlap), ("hierarchical", hierarchical)):
+            if when not in WHEN:
+                raise ValueError(f"unknown {key} {when!r}; choose from {WHEN}")
         self.strategy, self.sync_type, self.compression = strategy, sync_type, compression
         self.cdd = sync_type == "cdd"
         self.overlap, self.bucket_mb = overlap if self.cdd else "never", bucket_mb
@@ -79,7 +84,7 @@ class BSP(SyncRule):
         self.bucket_spans: list[tuple[int, float, float]] = []  # last step's (k, start, end)
         self.sync_s = 0.0  # the last step's wait for the slowest rank (serial exchange)
         self._comm: Any = None
-        self._meet: Any = None  # a polling duplicate of comm for the barrier before exchanges
+        self._meet: Any = None  # a duplicate of comm for the barrier before exchanges
 
     @classmethod
     def from_config(cls, weight_exchange: Any, seed: int) -> BSP:
@@ -144,10 +149,9 @@ class BSP(SyncRule):
         if comm.Get_size() == 1:
             return
         from theanompi.exchange.hierarchical import hierarchical_wanted
-        from theanompi.exchange.polling import PollingComm
 
         self._comm = comm
-        self._meet = PollingComm(comm.Dup())
+        self._meet = comm.Dup()
         self._node_first = hierarchical_wanted(self.hierarchical, comm, self.strategy)
         shared = self._shared(model)
         if self._overlaps(model, comm):
@@ -170,6 +174,8 @@ class BSP(SyncRule):
     def after_step(self, model: Any, step: int) -> float:
         from mpi4py import MPI
 
+        from theanompi.exchange.polling import wait_idle
+
         t0 = MPI.Wtime()
         self.hidden_s, self.sync_s, self.bucket_spans = 0.0, 0.0, []
         if self._in_flight:  # the buckets are on their way: wait for the rest
@@ -182,7 +188,7 @@ class BSP(SyncRule):
         elif self._comm is not None:  # serial (also the K > 1 sub-batch steps of overlap)
             # the ranks meet first (a barrier that sleeps, not spins), so that the exchange's
             # time is the network's and the slowest rank's lateness is counted apart
-            self._meet.Barrier()
+            wait_idle(self._meet.Ibarrier())
             self.sync_s = MPI.Wtime() - t0
             if self.exchanger is None:
                 self.exchanger = self._make_exchanger(self._comm)

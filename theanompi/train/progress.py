@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-__all__ = ["StepStats", "Progress", "fmt_ms"]
+__all__ = ["StepStats", "Progress", "TIMES", "fmt_ms"]
 
 
 def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
+
+
+#: StepStats' fields in seconds per step
+TIMES = ("compute", "exchange", "wait", "wall", "hidden", "sync")
 
 
 @dataclass
@@ -56,12 +60,7 @@ class StepStats:
 
     def since(self, start: int) -> StepStats:
         """The steps from index ``start`` on."""
-        return StepStats(
-            *(
-                getattr(self, k)[start:]
-                for k in ("loss", "err", "compute", "exchange", "wait", "wall", "hidden", "sync")
-            )
-        )
+        return StepStats(**{f.name: getattr(self, f.name)[start:] for f in fields(self)})
 
     def mean(self, key: str) -> float:
         v = getattr(self, key)
@@ -74,8 +73,7 @@ class StepStats:
     def split(self) -> dict[str, float]:
         """Mean seconds per step in compute / exchange / wait, the mean step wall time, the
         exchange seconds hidden under compute and the seconds waited for the slowest rank."""
-        keys = ("compute", "exchange", "wait", "wall", "hidden", "sync")
-        return {f"t_{k}": self.mean(k) for k in keys}
+        return {f"t_{k}": self.mean(k) for k in TIMES}
 
 
 def _hidden(seconds: float) -> str:

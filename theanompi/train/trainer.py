@@ -25,7 +25,7 @@ from theanompi.models.params import (
     get_values,
     set_values,
 )
-from theanompi.train.progress import Progress, StepStats
+from theanompi.train.progress import TIMES, Progress, StepStats
 
 __all__ = ["Trainer", "LoopSettings", "wtime"]
 
@@ -222,10 +222,7 @@ class Trainer:
             interrupted=interrupted,
             images_per_s=self._ips(s),
             **s.split(),
-            **{
-                f"median_{k}_s": s.median(k)
-                for k in ("wall", "compute", "exchange", "wait", "sync")
-            },
+            **{f"median_{k}_s": s.median(k) for k in TIMES},
             **extra,
         )
         if interrupted:
