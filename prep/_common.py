@@ -141,8 +141,8 @@ def _eta(seconds: float) -> str:
 
 def _on_terminal(stream: Any) -> bool:
     """Whether ``stream``'s output ends on a terminal: the launcher says so for the ranks
-    (:data:`~theanompi.launch.supervise.TERMINAL_ENV`), else ask the stream."""
-    from theanompi.launch.supervise import TERMINAL_ENV
+    (:data:`~theanompi.launch.output.TERMINAL_ENV`), else ask the stream."""
+    from theanompi.launch.output import TERMINAL_ENV
 
     said = os.environ.get(TERMINAL_ENV, "")
     if said in ("0", "1"):

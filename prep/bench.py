@@ -157,7 +157,7 @@ def _ours(
     the per-rank ratios; 2 shows what a rank's second thread gives when a core is spare)."""
     from prep.batch import THREADS_ENV
     from theanompi.launch.mpirun import mpirun_command, mpirun_env
-    from theanompi.launch.supervise import run_started
+    from theanompi.launch.restart import run_started
 
     _clear_batches(out)
     cmd = mpirun_command(
@@ -274,7 +274,7 @@ def _scan_worker(src: str, out: str) -> int:
 def scan_scale(n_train: int, n_classes: int, ranks: int, work: Path | None = None) -> dict:
     """Build a hard-link tree, run scan + shuffle under ``mpirun -n ranks``, delete the tree."""
     from theanompi.launch.mpirun import mpirun_command, mpirun_env
-    from theanompi.launch.supervise import run_started
+    from theanompi.launch.restart import run_started
 
     tmp = tempfile.TemporaryDirectory(prefix="tmpi-bench-scan-", dir=work)
     try:

@@ -184,7 +184,7 @@ def _launch(
     if n < 1:
         raise ConfigError(f"-n must be >= 1, got {n}")
     if under_mpirun() or os.environ.get("THEANOMPI_LAUNCHED"):
-        from theanompi.launch.supervise import watch_launcher
+        from theanompi.launch.launcher_watch import watch_launcher
 
         watch_launcher()  # started by `tmpi prep ... -n N`: stop when the launcher is gone
         if not os.environ.get("THEANOMPI_LAUNCHED"):

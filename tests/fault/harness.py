@@ -236,7 +236,8 @@ class Job:
         """After the job exited: start it again if mpirun never started a rank (its PMIx
         listener failed, an Open MPI transient that ``tmpi``'s launcher also retries), at most
         ``START_TRIES - 1`` times; whether it did."""
-        from theanompi.launch.supervise import START_TRIES, never_started
+        from theanompi.launch.banners import never_started
+        from theanompi.launch.restart import START_TRIES
 
         if self._starts >= START_TRIES or self.lines["stdout"]:
             return False

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from theanompi.launch.mpirun import mpirun_command, mpirun_env
-from theanompi.launch.supervise import START_TRIES, _launch, run_started
+from theanompi.launch.restart import START_TRIES, _launch, run_started
 
 pytestmark = pytest.mark.mpi
 

@@ -6,7 +6,8 @@ import time
 
 from mpi4py import MPI
 
-from theanompi.launch.watchdog import HUB, Watchdog
+from theanompi.launch.blame import HUB
+from theanompi.launch.watchdog import Watchdog
 
 INTERVAL = 0.05
 comm = MPI.COMM_WORLD

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from theanompi.launch.mpirun import find_mpirun, mpirun_command
-from theanompi.launch.supervise import Attempt, LaunchPlan, SupervisedRun, live_output
+from theanompi.launch.output import live_output
+from theanompi.launch.supervise import Attempt, LaunchPlan, SupervisedRun
 from theanompi.launch.testing import REPO
 
 # rank 0 redraws one line three times, a second apart, then ends it and says it is done
@@ -136,14 +137,14 @@ def test_unfinished_lines_and_updates_pass_at_once_and_the_bytes_are_kept() -> N
     assert err.data == b"".join(pieces)
     # every piece came out in its own write, as it was written (none held for a line end)
     assert [d for _, d in err.writes] == pieces, err.writes
-    assert "".join(run.tail) == b"".join(pieces).decode()
+    assert "".join(run.output.tail) == b"".join(pieces).decode()
 
 
 def test_a_placement_tag_split_over_writes_is_still_swallowed() -> None:
     pieces = [b"\rprogress 1 tmpi-pla", b"cement: rank 0 host h1 pid 12", b"3\n", b"next\n"]
     run, err, _, _ = _pumped(pieces)
     assert err.data == b"\rprogress 1 next\n"
-    assert run.placed == {0: "h1"}
+    assert run.output.placed == {0: "h1"}
     assert err.writes[0][1] == b"\rprogress 1 ", "the part before the tag passes at once"
 
 

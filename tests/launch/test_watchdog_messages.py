@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from theanompi.launch.watchdog import HUB
+from theanompi.launch.blame import HUB
 
 pytestmark = pytest.mark.mpi
 

@@ -8,7 +8,7 @@ import re
 import time
 
 from prep._common import LOG_EVERY_S, Progress, _eta, _Serial
-from theanompi.launch.supervise import TERMINAL_ENV
+from theanompi.launch.output import TERMINAL_ENV
 
 LINE = re.compile(r"^prep batch: (\d+)/1000 images \((\d+)%\), ([\d,]+) img/s, ETA (\S+) *$")
 

@@ -152,7 +152,7 @@ def _start(n_expected: int | None) -> None:
 
     configure()
     install_abort_hook()
-    from theanompi.launch.supervise import watch_launcher
+    from theanompi.launch.launcher_watch import watch_launcher
 
     watch_launcher()  # started by `tmpi ... -n N`: stop when the launcher is gone
     from theanompi.comm import describe_hosts, local_size, log

@@ -45,7 +45,7 @@ def init() -> None:
     if _ready:
         return
     from theanompi.comm import install_abort_hook, local_size, world
-    from theanompi.launch.supervise import watch_launcher
+    from theanompi.launch.launcher_watch import watch_launcher
     from theanompi.pytensor_env import configure, fit_threads_to_node
 
     configure()

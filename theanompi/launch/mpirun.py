@@ -86,7 +86,8 @@ def relaunch(
     resume: bool = False,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
-    (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures)
+    (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures;
+    :mod:`theanompi.launch.restart`: the relaunches)
     and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
     ``--resume`` from the latest checkpoint in ``checkpoint_dir``. ``resume``: the first
     launch continues the run too (a requeued Slurm job), with ``--resume`` and never
@@ -94,7 +95,7 @@ def relaunch(
 
     ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
     ``argv`` still holds them, are not passed on to the ranks."""
-    from theanompi.launch.supervise import run_with_restarts
+    from theanompi.launch.restart import run_with_restarts
 
     env = mpirun_env() | {"THEANOMPI_LAUNCHED": str(n)}
     placement = Placement.from_env() if placement is None else placement
@@ -102,7 +103,7 @@ def relaunch(
         # a rank whose peer on another node was killed ends at once ("Socket closed"), and
         # its abort would reach mpirun before the peer's death: mpirun's banner then blames
         # it (exit 14). A second's wait lets the peer's node report first, so the launcher
-        # names the killed rank and its host (supervise.py), exit 1
+        # names the killed rank and its host (banners.py), exit 1
         env.setdefault(ABORT_DELAY_ENV, "1")
     argv = split_placement_flags(argv)[1]
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from theanompi.launch.supervise import pid_alive
+from theanompi.launch.launcher_watch import pid_alive
 
 __all__ = ["SimCluster", "unavailable", "remove_stale", "PREFIX", "main"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from theanompi.launch.mpirun import mpirun_command, mpirun_env
-from theanompi.launch.supervise import run_started
+from theanompi.launch.restart import run_started
 
 __all__ = ["REPO", "run_mpi", "tmpi"]
 

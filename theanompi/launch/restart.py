@@ -1,0 +1,108 @@
+"""Launching again: a launch whose mpirun never started, and a job restarted after a failure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from theanompi.launch.banners import never_started
+from theanompi.launch.launcher_watch import EXIT_INTERRUPTED
+from theanompi.launch.slurm import EXIT_REQUEUED
+from theanompi.launch.supervise import Attempt, supervise
+
+__all__ = ["NOT_RESTARTABLE", "START_TRIES", "run_started", "run_with_restarts"]
+
+#: exit codes that a restart cannot mend: usage, data, resource (errors.py), Ctrl-C
+NOT_RESTARTABLE = frozenset({0, 2, 3, 4, EXIT_INTERRUPTED, EXIT_REQUEUED})
+#: launches of one attempt that may fail to start before the launcher gives up
+START_TRIES = 3
+
+
+def run_started(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` of an mpirun line,
+    run again (up to :data:`START_TRIES` in all) while mpirun failed before starting any rank:
+    the captured-output twin of the launcher's own retry, for benches and tests."""
+    for _ in range(START_TRIES):
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+        if proc.returncode == 0 or not never_started(proc.stderr + proc.stdout):
+            break
+    return proc
+
+
+def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> Attempt:
+    """:func:`supervise` ``cmd``, launched again (up to :data:`START_TRIES` in all) while
+    mpirun fails before starting any rank: nothing ran, so nothing is lost or repeated."""
+    for k in range(1, START_TRIES + 1):
+        result = supervise(cmd, env)
+        if not result.not_started or k == START_TRIES:
+            return result
+        print(
+            f"tmpi: mpirun failed to start (its PMIx listener); launching again ({k + 1}/"
+            f"{START_TRIES})",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(0.5 * k)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run_with_restarts(
+    build_cmd: Callable[[bool], Sequence[str]],
+    env: Mapping[str, str],
+    *,
+    max_restarts: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    record_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Run the job; after a rank failure or stall relaunch it with ``--resume``, at most
+    ``max_restarts`` times (as ``torchrun --max-restarts``); return the exit code.
+
+    ``build_cmd(resume)`` gives the mpirun line. An exit in :data:`NOT_RESTARTABLE` (success,
+    a usage, data or resource error, Ctrl-C) is final. Each restart is printed as one line and
+    appended to the record as ``{"kind": "restart", "attempt", "max_restarts", "exit_code",
+    "reason", "resume_from"}``; without a checkpoint yet, the run starts over.
+    """
+    from theanompi.io.checkpoint import latest_checkpoint
+    from theanompi.io.record import append_entry
+
+    resume = False
+    for attempt in range(max_restarts + 1):
+        try:
+            result = _launch(build_cmd(resume), env)
+        except KeyboardInterrupt:  # Ctrl-C between two attempts: no mpirun is running
+            return EXIT_INTERRUPTED
+        if result.failure:
+            print(f"tmpi: error: {result.failure}", file=sys.stderr, flush=True)
+        if result.stopped or result.code in NOT_RESTARTABLE or attempt == max_restarts:
+            if result.code not in NOT_RESTARTABLE and max_restarts:
+                print(
+                    f"tmpi: giving up after {attempt} restart(s) (--max-restarts {max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return result.code
+        ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+        resume = ck is not None
+        reason = result.failure or f"exit {result.code}"
+        print(
+            f"tmpi: restart {attempt + 1}/{max_restarts} after {reason}: "
+            + (f"resuming from {ck}" if ck else "no checkpoint yet, starting over"),
+            file=sys.stderr,
+            flush=True,
+        )
+        if record_dir is not None and ck is not None:
+            append_entry(
+                record_dir,
+                "restart",
+                attempt=attempt + 1,
+                max_restarts=max_restarts,
+                exit_code=result.code,
+                reason=reason,
+                resume_from=str(ck),
+                seconds=round(result.seconds, 3),
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
