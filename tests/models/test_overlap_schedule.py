@@ -17,7 +17,7 @@ def test_each_bucket_leaves_right_after_its_gradients() -> None:
     buckets = [[7, 6, 5, 4], [3, 2], [1, 0]]  # fc2+fc1, conv2, conv1: the backward order
     got: list[tuple[int, list[np.ndarray]]] = []
     model.compile_overlapped_grads(buckets, lambda k, vs: got.append((k, [v.copy() for v in vs])))
-    fn = model._fns["grads_overlap"]
+    fn = model._steps.fns["grads_overlap"]
     order = list(fn.vm.nodes)
     marks = [i for i, n in enumerate(order) if isinstance(n.op, BucketReady)]
     assert [order[i].op.k for i in marks] == [0, 1, 2]

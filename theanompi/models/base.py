@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,12 +14,11 @@ configure()
 
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
-from pytensor.tensor.special import softmax  # noqa: E402
 
+from theanompi.models._steps import StepFunctions  # noqa: E402
 from theanompi.models.layers import Layer  # noqa: E402
-from theanompi.models.metrics import symbolic_metrics  # noqa: E402
 from theanompi.models.optim import _zeros_like, create_optimizer, lr_policy  # noqa: E402
-from theanompi.models.params import set_values, to_device  # noqa: E402
+from theanompi.models.params import set_values  # noqa: E402
 
 __all__ = ["Model", "FunctionModel", "scaled_width", "wrap_network"]
 
@@ -139,10 +137,7 @@ class Model:
             self.params = list(self.net.params)
             self.buffers = list(self.net.state)
         self.setup_optimizer()
-        self._fns: dict[str, Any] = {}
-        self._mode: Any = None
-        self.backend = "c"
-        self.compile_seconds: dict[str, float] = {}
+        self._steps = StepFunctions(self)  # graph and compiled functions, built on demand
 
     # -- construction -------------------------------------------------------------------
     def _check_arch(self, arch: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,35 +207,6 @@ class Model:
         """Non-gradient updates of a training step (batch-norm running statistics)."""
         return list(self.net.updates) if self.net is not None else []
 
-    def _inputs(self, batch: int | None) -> tuple[Any, Any]:
-        # static (C, H, W): shape graphs constant-fold, so graph building and rewriting stay
-        # fast; the batch axis is free for C (one compiled function serves any batch size)
-        # and static for JAX, whose jit needs every shape concrete (one function per size)
-        x = pt.tensor4("x", dtype=pytensor.config.floatX, shape=(batch, *self.input_shape))
-        return x, pt.tensor("y", dtype="int32", shape=(batch,))
-
-    def _eval_outputs(self, x: Any, y: Any) -> list[Any]:
-        ev_logits = self.forward(x, train=False)
-        ev_loss, ev_top1, ev_top5 = symbolic_metrics(ev_logits, y)
-        return [ev_loss, ev_top1, ev_top5, softmax(ev_logits, axis=-1)]
-
-    def _graphs(self) -> dict[str, Any]:
-        x, y = self._inputs(self.batch_size if self.backend == "jax" else None)
-        logits = self.forward(x, train=True)
-        smoothing = float(self.config.get("label_smoothing", 0.0))
-        loss, top1, _ = symbolic_metrics(logits, y, label_smoothing=smoothing)
-        grads = pytensor.grad(loss, self.params)
-        state_up = self.state_updates()
-        return {
-            "x": x,
-            "y": y,
-            "loss": loss,
-            "top1": top1,
-            "grads": grads,
-            "state_up": state_up,
-            "eval": self._eval_outputs(x, y),
-        }
-
     def build(self, batch_size: int | None = None, mode: Any = None, backend: str = "c") -> Model:
         """Compile ``train_step`` and ``val_step``/``predict`` (``compute_grads`` and
         ``apply_grads`` are compiled on first use). Idempotent; returns ``self``.
@@ -251,103 +217,36 @@ class Model:
         it). ``mode``, when given, is passed to ``pytensor.function`` instead; tests use
         ``Mode(linker="py", optimizer="fast_compile")`` to skip C compiles.
         """
-        if "train" not in self._fns:
-            from theanompi.models.ops import compile_mode
-
-            self.backend = backend
-            self._mode = compile_mode(backend) if mode is None else mode
         if batch_size is not None:
             if not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size={batch_size!r} must be a positive int")
             self.batch_size = batch_size
-        if "train" in self._fns:
-            return self
-        t0 = time.perf_counter()
-        with pytensor.config.change_flags(traceback__limit=0):  # stack traces cost ~15%
-            g = self._g = self._graphs()
-        self.compile_seconds["graph"] = time.perf_counter() - t0
-        self._compile(
-            "train",
-            [g["x"], g["y"]],
-            [g["loss"], g["top1"]],
-            self.optimizer.updates(g["grads"]) + g["state_up"],
-        )
-        self._compile("eval", [g["x"], g["y"]], g["eval"], [])
+        self._steps.build(mode, backend)
         return self
 
-    def _compile(
-        self, key: str, inputs: list[Any], outputs: list[Any], updates: list[Any], mode: Any = None
-    ) -> Any:
-        t0 = time.perf_counter()
-        with pytensor.config.change_flags(traceback__limit=0):
-            fn = pytensor.function(
-                inputs, outputs, updates=updates, name=f"{self.name}.{key}", mode=mode or self._mode
-            )
-        if self.backend == "jax":
-            fn.trust_input = True  # _xy hands it device arrays of the right types
-            to_device(self.params + self.opt_state + self.grads + [self.lr] + self.buffers)
-        self.compile_seconds[key] = time.perf_counter() - t0
-        self._fns[key] = fn
-        return fn
+    @property
+    def backend(self) -> str:
+        """The compiler the step functions were built with (``c`` until :meth:`build`)."""
+        return self._steps.backend
 
-    def _eval_fn(self, n: int) -> Any:
-        """The eval function for a batch of ``n`` (JAX: compiled once per new size)."""
-        if self.backend != "jax" or n == self.batch_size:
-            return self._fn("eval")
-        key = f"eval{n}"
-        if key not in self._fns:
-            with pytensor.config.change_flags(traceback__limit=0):
-                x, y = self._inputs(n)
-                outs = self._eval_outputs(x, y)
-            self._compile(key, [x, y], outs, [])
-        return self._fns[key]
-
-    def _fn(self, key: str) -> Any:
-        if "train" not in self._fns:
-            self.build()
-        if key not in self._fns:
-            g = self._g
-            if key == "grads":
-                ups = list(zip(self.grads, g["grads"], strict=True)) + g["state_up"]
-                self._compile(key, [g["x"], g["y"]], [g["loss"], g["top1"]], ups)
-            elif key == "grads_add":  # gradient accumulation: grads += this batch's
-                ups = [(s, s + d) for s, d in zip(self.grads, g["grads"], strict=True)]
-                self._compile(key, [g["x"], g["y"]], [g["loss"], g["top1"]], ups + g["state_up"])
-            elif key == "apply":
-                self._compile(key, [], [], self.optimizer.updates(self.grads))
-            elif key == "scale":
-                f = pt.scalar("factor", dtype=pytensor.config.floatX)
-                self._compile(key, [f], [], [(s, s * f) for s in self.grads])
-        return self._fns[key]
+    @property
+    def compile_seconds(self) -> dict[str, float]:
+        """Seconds spent building the graph (``graph``) and compiling each function."""
+        return self._steps.seconds
 
     # -- steps ----------------------------------------------------------------------------
-    def _xy(self, x: Any, y: Any) -> tuple[Any, Any]:
-        """The batch as the compiled functions take it (on the JAX device for ``jax``)."""
-        xy = (np.asarray(x, dtype=pytensor.config.floatX), np.asarray(y, dtype=np.int32))
-        if self.backend == "jax":
-            import jax
-
-            return jax.device_put(xy[0]), jax.device_put(xy[1])
-        return xy
-
-    def _train_xy(self, x: Any, y: Any) -> tuple[Any, Any]:
-        if self.backend == "jax" and len(x) != self.batch_size:
-            raise ValueError(
-                f"backend jax compiled the training step for batches of {self.batch_size}, "
-                f"got {len(x)}; call build(batch_size={len(x)}) on a new model"
-            )
-        return self._xy(x, y)
-
     def train_step(self, x: Any, y: Any) -> tuple[float, float]:
         """One optimiser step on (x, y); returns (loss, top-1 error) before the update (the
         loss is the training objective: label-smoothed when ``model.label_smoothing`` > 0)."""
-        loss, err = self._fn("train")(*self._train_xy(x, y))
+        loss, err = self._steps.get("train")(*self._steps.train_xy(x, y))
         return float(loss), float(err)
 
     def compute_grads(self, x: Any, y: Any, accumulate: bool = False) -> tuple[float, float]:
         """Write the gradients of the loss on (x, y) into ``grads`` (``accumulate``: add
         them to what ``grads`` hold); params unchanged. Returns (loss, top-1 error) of (x, y)."""
-        loss, err = self._fn("grads_add" if accumulate else "grads")(*self._train_xy(x, y))
+        loss, err = self._steps.get("grads_add" if accumulate else "grads")(
+            *self._steps.train_xy(x, y)
+        )
         return float(loss), float(err)
 
     def compile_overlapped_grads(
@@ -356,47 +255,34 @@ class Model:
         """Compile :meth:`compute_grads_overlapped`: the gradient step that calls
         ``sink(k, values)`` with bucket ``k``'s gradients (indices into ``grads``) as soon as
         they exist, while it computes the rest (:mod:`theanompi.models.overlap`; C backend)."""
-        from theanompi.models.overlap import BucketReady, overlap_mode
-
-        if self.backend == "jax":
-            raise ValueError("overlapped gradients need the C backend (JAX compiles one XLA call)")
-        self.build()
-        g = self._g
-        marks = [BucketReady(k, sink)(*[g["grads"][i] for i in b]) for k, b in enumerate(buckets)]
-        outputs = [g["loss"], g["top1"], *marks]
-        self._compile(
-            "grads_overlap", [g["x"], g["y"]], outputs, g["state_up"], overlap_mode(self._mode)
-        )
+        self._steps.overlapped(buckets, sink)
 
     def compute_grads_overlapped(self, x: Any, y: Any) -> tuple[float, float]:
         """:meth:`compute_grads`, except that the gradients go to the sink given to
         :meth:`compile_overlapped_grads`, not to ``grads``. Returns (loss, top-1 error)."""
-        loss, err, *_ = self._fns["grads_overlap"](*self._train_xy(x, y))
+        loss, err, *_ = self._steps.fns["grads_overlap"](*self._steps.train_xy(x, y))
         return float(loss), float(err)
 
     def scale_grads(self, factor: float) -> None:
         """Multiply ``grads`` by ``factor``: after ``K`` accumulated sub-batches of equal
         size, ``1/K`` leaves the gradient of their union (the loss is a mean over the batch)."""
-        f = np.asarray(factor, dtype=pytensor.config.floatX)
-        if self.backend == "jax":
-            import jax
-
-            f = jax.device_put(f)
-        self._fn("scale")(f)
+        self._steps.get("scale")(self._steps.scalar(factor))
 
     def apply_grads(self) -> None:
         """One optimiser step from the values in ``grads``."""
-        self._fn("apply")()
+        self._steps.get("apply")()
 
     def val_step(self, x: Any, y: Any) -> tuple[float, float, float]:
         """(loss, top-1 error, top-5 error), means over the batch, dropout off."""
-        loss, t1, t5, _ = self._eval_fn(len(x))(*self._xy(x, y))
+        loss, t1, t5, _ = self._steps.eval_fn(len(x))(*self._steps.xy(x, y))
         return float(loss), float(t1), float(t5)
 
     def predict(self, x: Any) -> np.ndarray:
         """Softmax probabilities (b, n_classes), float32, dropout off."""
         x = np.asarray(x, dtype=pytensor.config.floatX)
-        *_, probs = self._eval_fn(len(x))(*self._xy(x, np.zeros(len(x), dtype=np.int32)))
+        *_, probs = self._steps.eval_fn(len(x))(
+            *self._steps.xy(x, np.zeros(len(x), dtype=np.int32))
+        )
         return np.asarray(probs, dtype=np.float32)
 
     def adjust_hyperparams(self, epoch: int) -> None:
