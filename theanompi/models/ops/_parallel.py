@@ -7,21 +7,40 @@ first generates the code of every node whose module is not cached, runs the comp
 thread pool (``g++`` is a subprocess: the threads only wait) into fresh module folders, and
 registers the modules in PyTensor's cache under its lock; the ordinary link that follows then
 finds every module cached. Anything unexpected leaves the module to PyTensor's own link.
+
+The ranks of a node share one compile dir. They build at the same time; the first that finds
+modules missing compiles them while the others wait at a file lock, then find them cached. On a
+warm cache nobody waits (a node barrier around the whole build cost the second rank of
+``tmpi train -n 2`` a second: it waited out the first rank's rewrites and loads). The results of
+PyTensor's compiler probes (``-march`` flags, OpenMP support: two ``g++`` runs, ~0.25 s a
+process) are kept in the compile dir too (:func:`load_compiler_probes`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from pytensor.link.vm import VMLinker
 
-__all__ = ["ParallelCVMLinker", "compile_workers", "precompile"]
+__all__ = [
+    "ParallelCVMLinker",
+    "compile_workers",
+    "load_compiler_probes",
+    "precompile",
+    "save_compiler_probes",
+]
 
 #: serialises the (fast) loading of the compiled modules: ``dlimport`` edits ``sys.path``
 _IMPORT_LOCK = threading.Lock()
+#: in the compile dir: one process of the node compiles at a time (its flock goes with it)
+TURN_LOCK = ".theanompi-compile.lock"
+#: in the compile dir: PyTensor's compiler probes, for the processes that come later
+PROBES_FILE = "theanompi-compiler-probes.json"
 
 
 def compile_workers() -> int:
@@ -74,18 +93,8 @@ def _compile(cl: Any, cache: Any) -> Any:
     )
 
 
-def precompile(fgraph: Any, workers: int | None = None) -> int:
-    """Compile the uncached C modules of ``fgraph``'s nodes, ``workers`` at a time, into
-    PyTensor's module cache; returns how many were compiled (0 with one worker: nothing to gain).
-    """
-    from pytensor.compile.compilelock import lock_ctx
-    from pytensor.link.c import cmodule
-    from pytensor.link.c.basic import get_module_cache
-
-    workers = compile_workers() if workers is None else workers
-    if workers < 2:
-        return 0
-    cache = get_module_cache()
+def _jobs(fgraph: Any, cache: Any) -> dict[str, tuple[Any, Any]]:
+    """``{module_hash: (linker, key)}`` of the modules ``fgraph`` lacks in ``cache``."""
     jobs: dict[str, tuple[Any, Any]] = {}
     for node in fgraph.toposort():
         try:
@@ -94,8 +103,13 @@ def precompile(fgraph: Any, workers: int | None = None) -> int:
             continue
         if job is not None:
             jobs.setdefault(job[2], (job[0], job[1]))
-    if len(jobs) < 2:
-        return 0
+    return jobs
+
+
+def _compile_all(jobs: dict[str, tuple[Any, Any]], cache: Any, workers: int) -> dict[str, Any]:
+    """Compile every job, ``workers`` at a time; ``{module_hash: module}`` of those that built."""
+    from pytensor.link.c import cmodule
+
     original = cmodule.dlimport
 
     def locked_dlimport(*args: Any, **kwargs: Any) -> Any:
@@ -114,16 +128,99 @@ def precompile(fgraph: Any, workers: int | None = None) -> int:
                     continue
     finally:
         cmodule.dlimport = original
-    done = 0
-    with lock_ctx():
-        for h, module in modules.items():
-            key = jobs[h][1]
-            if cache._get_from_key(key) is not None or h in cache.module_hash_to_key_data:
-                continue  # another process of the node got there first
-            cache.module_from_name[module.__file__] = module
-            cache.module_hash_to_key_data[h] = cache._add_to_cache(module, key, h)
-            done += 1
+    return modules
+
+
+def precompile(fgraph: Any, workers: int | None = None) -> int:
+    """Compile the uncached C modules of ``fgraph``'s nodes, ``workers`` at a time, into
+    PyTensor's module cache; returns how many this process compiled (0 with one worker:
+    nothing to gain, or when another process of the node compiled them meanwhile).
+    """
+    from filelock import FileLock
+    from pytensor.compile.compilelock import lock_ctx
+    from pytensor.link.c.basic import get_module_cache
+
+    workers = compile_workers() if workers is None else workers
+    if workers < 2:
+        return 0
+    cache = get_module_cache()
+    if len(_jobs(fgraph, cache)) < 2:
+        return 0
+    # One process of the node compiles at a time, outside PyTensor's lock (held for minutes,
+    # it would time out the others' loads); the others wait here, then find the modules.
+    with FileLock(Path(cache.dirname) / TURN_LOCK):
+        with lock_ctx():
+            cache.refresh(cleanup=False)
+        jobs = _jobs(fgraph, cache)
+        if len(jobs) < 2:
+            return 0
+        modules = _compile_all(jobs, cache, workers)
+        done = 0
+        with lock_ctx():
+            for h, module in modules.items():
+                key = jobs[h][1]
+                if cache._get_from_key(key) is not None or h in cache.module_hash_to_key_data:
+                    continue  # PyTensor's own link in another process got there first
+                cache.module_from_name[module.__file__] = module
+                cache.module_hash_to_key_data[h] = cache._add_to_cache(module, key, h)
+                done += 1
     return done
+
+
+def _probes_key() -> dict[str, str]:
+    """What the probes depend on: the compiler, its flags and version, PyTensor's version
+    (the compile dir is per host and CPU already)."""
+    import pytensor
+    from pytensor.configdefaults import config
+
+    return {
+        "cxx": str(config.cxx),
+        "cxxflags": str(config.gcc__cxxflags),
+        "gcc_version": str(config.gcc_version_str),
+        "pytensor": pytensor.__version__,
+    }
+
+
+def load_compiler_probes(compiledir: str | os.PathLike[str]) -> bool:
+    """Take the ``-march`` flags and OpenMP support that an earlier process of this node found
+    (:func:`save_compiler_probes`), so PyTensor skips its two ``g++`` probes; returns whether
+    they were there. A file for another compiler, or unreadable, is ignored."""
+    from pytensor.link.c.cmodule import GCC_compiler
+    from pytensor.link.c.op import OpenMPOp
+
+    try:
+        saved = json.loads((Path(compiledir) / PROBES_FILE).read_text())
+        if saved["key"] != _probes_key():
+            return False
+        march, openmp = saved["march_flags"], saved["openmp"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not (isinstance(march, list) and all(isinstance(f, str) for f in march)):
+        return False
+    if GCC_compiler.march_flags is None:
+        GCC_compiler.march_flags = march
+    if OpenMPOp.gxx_support_openmp is None and isinstance(openmp, bool):
+        OpenMPOp.gxx_support_openmp = openmp
+    return True
+
+
+def save_compiler_probes(compiledir: str | os.PathLike[str]) -> None:
+    """Keep this process's probe results in the compile dir once PyTensor has run both."""
+    from pytensor.link.c.cmodule import GCC_compiler
+    from pytensor.link.c.op import OpenMPOp
+
+    from theanompi.io.atomic import atomic_write
+
+    path = Path(compiledir) / PROBES_FILE
+    march, openmp = GCC_compiler.march_flags, OpenMPOp.gxx_support_openmp
+    if march is None or openmp is None or path.exists():
+        return
+    text = json.dumps({"key": _probes_key(), "march_flags": march, "openmp": bool(openmp)})
+    try:
+        with atomic_write(path) as tmp:
+            tmp.write_text(text)
+    except OSError:
+        pass  # a read-only cache: the next process probes again
 
 
 class ParallelCVMLinker(VMLinker):
@@ -135,8 +232,13 @@ class ParallelCVMLinker(VMLinker):
         super().__init__(*args, **kwargs)
 
     def make_all(self, *args: Any, **kwargs: Any) -> Any:
+        from pytensor.configdefaults import config
+
+        load_compiler_probes(config.compiledir)
         try:
             precompile(self.fgraph)
         except Exception:  # noqa: BLE001 - an optimisation only: the link below compiles
             pass
-        return super().make_all(*args, **kwargs)
+        made = super().make_all(*args, **kwargs)
+        save_compiler_probes(config.compiledir)
+        return made
