@@ -234,6 +234,15 @@ class Model:
         """Seconds spent building the graph (``graph``) and compiling each function."""
         return self._steps.seconds
 
+    def _fn(self, key: str) -> Any:
+        """The compiled function ``key`` (``train``, ``eval``, ``grads``, ...): benchmarks
+        and tests look at it."""
+        return self._steps.get(key)
+
+    def _xy(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """The batch as the compiled functions take it (on the JAX device for ``jax``)."""
+        return self._steps.xy(x, y)
+
     # -- steps ----------------------------------------------------------------------------
     def train_step(self, x: Any, y: Any) -> tuple[float, float]:
         """One optimiser step on (x, y); returns (loss, top-1 error) before the update (the
