@@ -27,7 +27,7 @@ LATEST_RUN = $(patsubst %/checkpoints/,%,$(dir $(firstword $(shell ls -t \
                runs/$(basename $(notdir $(MODEL)))-*/checkpoints/epoch_*.npz 2>/dev/null))))
 EVAL_RUN   = $(or $(RUN),$(if $(NAMED),$(RUN_NAME),$(or $(LATEST_RUN),$(RUN_NAME))))
 
-.PHONY: venv constraints data train eval demo test test-serial test-mpi test-slurm bench bench-prep bench-exchange bench-model bench-train bench-cluster lint clean
+.PHONY: venv constraints data train eval demo test test-suite test-quick test-mpi test-slurm bench bench-prep bench-exchange bench-model bench-train bench-cluster lint clean
 
 venv: $(STAMP)
 
@@ -64,11 +64,18 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --color=no
 MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(BIN)/mpirun --bind-to none
 
 # The exchange tests also run inside a 2-rank job (each rank a pytest process; rank 1 quiet),
-# then the whole suite runs serially, its MPI tests launching real mpirun jobs themselves.
-test: test-mpi test-serial
+# then the whole suite, its MPI tests launching real mpirun jobs themselves: JOBS pytest-xdist
+# workers (one per core) share the tests, then the `serial` ones (namespaces, Slurm, faults
+# timed in seconds) run alone. `make test-quick`: the suite without the slow and serial ones.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+test: test-mpi test-suite
 
-test-serial: venv
-	$(PYTEST)
+test-suite: venv
+	$(PYTEST) -n $(JOBS) --dist worksteal -m "not serial"
+	$(PYTEST) -m serial
+
+test-quick: venv
+	$(PYTEST) -n $(JOBS) --dist worksteal -m "not serial and not slow"
 
 # The simulated Slurm cluster's tests (root; installs slurm-wlm and munge where missing), with
 # the `scancel --signal=USR1 --full` one that `make test` skips (docs/cluster.md#slurm)

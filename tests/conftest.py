@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -28,14 +29,33 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     return tmpi
 
 
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """``make(folder)`` once per test run, shared by the pytest-xdist workers: the first worker
+    builds it under a file lock, beside the workers' own temp folders; the others wait, then
+    use it. Without xdist: once per session. ``folder`` is complete only once ``make`` returns."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the run's workers
+    done = base / f"{name}.done"
+    with FileLock(base / f"{name}.lock"):
+        if not done.exists():
+            make(base / name)
+            done.touch()
+    return base / name
+
+
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The digits demo prepped as ``make data`` does (``tmpi prep demo``, then ``tmpi prep all
-    -n 2 --size 32``), once per session; read-only: a test that corrupts files copies it."""
-    root = tmp_path_factory.mktemp("digits")
-    out = tmpi("prep", "demo", "--out", str(root / "tree"))
-    assert out.returncode == 0, out.stderr
-    prep = ["--src", str(root / "tree"), "--out", str(root / "data"), "--size", "32"]
-    out = tmpi("prep", "all", "-n", "2", *prep)
-    assert out.returncode == 0, out.stderr
-    return root / "data"
+    -n 2 --size 32``), once per test run; read-only: a test that corrupts files copies it."""
+
+    def make(root: Path) -> None:
+        out = tmpi("prep", "demo", "--out", str(root / "tree"))
+        assert out.returncode == 0, out.stderr
+        prep = ["--src", str(root / "tree"), "--out", str(root / "data"), "--size", "32"]
+        out = tmpi("prep", "all", "-n", "2", *prep)
+        assert out.returncode == 0, out.stderr
+
+    return once_per_run(tmp_path_factory, "digits", make) / "data"

@@ -21,7 +21,7 @@ def test_doctests() -> None:
 
 
 def test_every_choice_is_a_registry() -> None:
-    from theanompi.models.ops import BACKENDS
+    from theanompi.models import BACKENDS
 
     for reg in (MODELS, RULES, STRATEGIES, COMPRESSORS, BACKENDS):
         assert isinstance(reg, Registry) and len(reg) == len(reg.names()) >= 2

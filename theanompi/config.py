@@ -101,7 +101,7 @@ def _compressors() -> Registry[Any]:
 
 
 def _backends() -> Registry[Any]:
-    from theanompi.models.ops import BACKENDS
+    from theanompi.models import BACKENDS
 
     return BACKENDS
 

@@ -82,6 +82,7 @@ def test_bad_setup_is_one_line(capsys) -> None:
 @needs_ns
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.serial
 def test_smallest_run_prints_the_table_and_leaves_no_namespace(digits_data: Path) -> None:
     proc = _bench(*TINY, "--setups", "overlap,ddp", "--steps", "2", "--repeats", "1",
                   "--data", str(digits_data))  # fmt: skip
@@ -98,6 +99,7 @@ def test_smallest_run_prints_the_table_and_leaves_no_namespace(digits_data: Path
 
 @needs_ns
 @pytest.mark.mpi
+@pytest.mark.serial
 def test_sigterm_tears_the_namespaces_down(digits_data: Path) -> None:
     proc = _bench(*TINY, "--setups", "overlap", "--steps", "200", "--data", str(digits_data))
     try:

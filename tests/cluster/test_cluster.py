@@ -18,7 +18,7 @@ from theanompi.launch.testing import REPO, tmpi
 
 from .conftest import head_run, kill_and_wait, show, start_until, tmpi_on_cluster
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 
 LAYOUT = "4 ranks on 2 hosts: nodea x2 (ranks 0-1), nodeb x2 (ranks 2-3)"
 

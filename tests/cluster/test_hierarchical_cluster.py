@@ -14,7 +14,7 @@ from theanompi.launch.testing import REPO
 
 from .conftest import head_run, show
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 
 
 def test_hierarchical_equals_flat_across_two_nodes(cluster: SimCluster) -> None:

@@ -18,7 +18,7 @@ from theanompi.launch.testing import REPO
 
 from .conftest import kill_and_wait, start_until
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 
 sys.path.insert(0, str(REPO / "tests" / "fault"))
 from harness import tiny_train_args, write_tiny_data  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 
 from theanompi.launch.testing import REPO
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 
 SIM = REPO / "pipelines" / "slurm_sim.sh"
 EPOCHS = 4

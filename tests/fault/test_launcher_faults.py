@@ -124,6 +124,7 @@ def test_ctrl_c_stops_at_a_step_boundary(data: Path, tmp_path: Path, how: str) -
     assert f"epoch {ck.epoch + 1}/{ck.epoch + 1} done" in end.stdout
 
 
+@pytest.mark.serial
 def test_a_killed_rank_ends_the_job_with_exit_1_and_one_line(data: Path, tmp_path: Path) -> None:
     with Job(_train(data, tmp_path / "run")) as job:
         job.wait_for(r"epoch 2/\d+ done", timeout=180)

@@ -29,6 +29,7 @@ def _start(grace: float) -> Job:
     return job
 
 
+@pytest.mark.serial
 def test_ranks_that_ignore_the_stop_are_killed_after_the_grace_period() -> None:
     with _start(grace=3) as job:
         job.killpg(signal.SIGINT)  # Ctrl-C: the launcher forwards SIGUSR1, which they ignore
@@ -44,6 +45,7 @@ def test_ranks_that_ignore_the_stop_are_killed_after_the_grace_period() -> None:
     assert "non-zero status" not in end.stderr  # mpirun's banner for the kill we asked for
 
 
+@pytest.mark.serial
 def test_a_second_ctrl_c_stops_at_once() -> None:
     with _start(grace=60) as job:
         job.killpg(signal.SIGINT)

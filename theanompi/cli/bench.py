@@ -50,6 +50,12 @@ def bench_train(ctx: typer.Context) -> None:
     _bench("theanompi.bench.train", ctx.args)
 
 
+@app.command("startup", context_settings=_BENCH_CTX)
+def bench_startup(ctx: typer.Context) -> None:
+    """Seconds from tmpi train -n 2 to rank 0's first step, split by phase (warm cache)."""
+    _bench("theanompi.bench.startup", ctx.args)
+
+
 @app.command("cluster", context_settings=_BENCH_CTX)
 def bench_cluster(ctx: typer.Context) -> None:
     """Two simulated nodes on a 1 Gbit link (root): overlap, hierarchical, PyTorch DDP twin."""

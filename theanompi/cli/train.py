@@ -378,7 +378,11 @@ def run_training(s: TrainSettings) -> None:
             before=lambda placement: _check_before_launch(cfg, output, placement),
             resume=output.resume,  # a restarted Slurm job's ranks continue the run
         )
+    from theanompi.io import startup_trace
+
+    startup_trace.mark("mpi_start")
     _start(n)
+    startup_trace.mark("mpi_end")
     from theanompi.comm import world
 
     check_world_size(cfg, world().Get_size())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from theanompi.errors import ConfigError
@@ -11,7 +11,7 @@ from theanompi.registry import Registry
 if TYPE_CHECKING:
     from theanompi.models.base import Model
 
-__all__ = ["create_model", "MODELS", "Model"]
+__all__ = ["BACKENDS", "create_model", "MODELS", "Model"]
 
 #: what the training loop and eval call on a model (``Model`` has them all)
 PROTOCOL = ("build", "train_step", "val_step", "predict", "adjust_hyperparams")
@@ -43,6 +43,13 @@ MODELS: Registry[type[Model]] = Registry(
         "small_cnn": "theanompi.models.small_cnn:SmallCNN",
     },
     check=_not_a_model,
+)
+
+
+#: compiler backends (``training.backend``, ``--backend``): name -> its mode's factory;
+#: named here, where a config is checked without importing PyTensor (the launcher)
+BACKENDS: Registry[Callable[[], Any]] = Registry(
+    "backend", {"c": "theanompi.models.ops:c_mode", "jax": "theanompi.models.ops:jax_mode"}
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from theanompi.io import startup_trace
 from theanompi.pytensor_env import configure
 
 configure()
@@ -84,6 +85,7 @@ class StepFunctions:
 
         self.backend = backend
         self.mode = compile_mode(backend) if mode is None else mode
+        startup_trace.mark("build_start")
         t0 = time.perf_counter()
         with pytensor.config.change_flags(traceback__limit=0):  # stack traces cost ~15%
             g = self.graph = self._graphs()
@@ -91,6 +93,7 @@ class StepFunctions:
         train_up = self.model.optimizer.updates(g["grads"]) + g["state_up"]
         self.compile("train", [g["x"], g["y"]], [g["loss"], g["top1"]], train_up)
         self.compile("eval", [g["x"], g["y"]], g["eval"], [])
+        startup_trace.mark("build_end")
 
     def compile(
         self, key: str, inputs: list[Any], outputs: list[Any], updates: list[Any], mode: Any = None
@@ -106,6 +109,7 @@ class StepFunctions:
             fn.trust_input = True  # xy hands it device arrays of the right types
             to_device(m.params + m.opt_state + m.grads + [m.lr] + m.buffers)
         self.seconds[key] = time.perf_counter() - t0
+        startup_trace.add("compile", self.seconds[key])
         self.fns[key] = fn
         return fn
 

@@ -211,7 +211,7 @@ class Model:
         """Compile ``train_step`` and ``val_step``/``predict`` (``compute_grads`` and
         ``apply_grads`` are compiled on first use). Idempotent; returns ``self``.
 
-        ``backend`` names the compiler (``theanompi.models.ops.BACKENDS``): ``c`` (the
+        ``backend`` names the compiler (``theanompi.models.BACKENDS``): ``c`` (the
         configured FAST_RUN + C linker) or ``jax`` (XLA; the shared variables then live on
         the JAX device between steps and only the batch and the metrics cross to and from
         it). ``mode``, when given, is passed to ``pytensor.function`` instead; tests use

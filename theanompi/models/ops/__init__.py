@@ -3,14 +3,12 @@ static-shape channel concatenation).
 
 Each forward Op has a gradient Op, a C++ implementation (BLAS GEMM for the convolutions) and
 a numpy ``perform`` used by PyTensor's Python linker. :func:`compile_mode` picks the compiler
-for a backend name in :data:`BACKENDS` (``jax`` loads ``jax_ops``' registrations lazily).
+for a backend name in :data:`theanompi.models.BACKENDS` (``jax`` loads ``jax_ops``' registrations lazily).
 """
 
-from collections.abc import Callable
 from typing import Any
 
 from theanompi.pytensor_env import configure
-from theanompi.registry import Registry
 
 configure()  # before PyTensor's first import: float32, the per-rank cache and the BLAS flags
 
@@ -32,8 +30,9 @@ from theanompi.models.ops.rewrites import (  # noqa: E402
 )
 
 __all__ = [
-    "BACKENDS",
+    "c_mode",
     "compile_mode",
+    "jax_mode",
     "ChannelConcat",
     "concat_channels",
     "CHUNK",
@@ -56,12 +55,15 @@ __all__ = [
 
 
 def compile_mode(backend: str) -> Any:
-    """The ``pytensor.function`` mode of ``backend``, a name in :data:`BACKENDS` (``None``:
-    the configured default, C). ``ConfigError`` for an unknown name, or for ``jax`` without JAX."""
+    """The ``pytensor.function`` mode of ``backend``, a name in
+    :data:`theanompi.models.BACKENDS` (``None``: the configured default, C). ``ConfigError``
+    for an unknown name, or for ``jax`` without JAX."""
+    from theanompi.models import BACKENDS
+
     return BACKENDS.get(backend)()
 
 
-def _jax_mode() -> Any:
+def jax_mode() -> Any:
     """PyTensor's JAX linker (jax.jit through XLA): CPU, or GPU with a CUDA jaxlib."""
     from theanompi.errors import ConfigError
 
@@ -82,7 +84,7 @@ def _jax_mode() -> Any:
     return get_mode("JAX")
 
 
-def _c_mode() -> Any:
+def c_mode() -> Any:
     """PyTensor's C linker (FAST_RUN), our C++ kernels with BLAS, on CPU: the configured mode with its ``cvm`` linker replaced by one that compiles a cold graph's
     C modules in parallel (:mod:`theanompi.models.ops._parallel`); ``None`` (the configured
     default) when the user chose another linker."""
@@ -95,7 +97,3 @@ def _c_mode() -> Any:
         return None
     default = get_default_mode()
     return Mode(linker=ParallelCVMLinker(), optimizer=default.provided_optimizer)
-
-
-#: compiler backends (``training.backend``, ``--backend``): name -> its mode's factory
-BACKENDS: Registry[Callable[[], Any]] = Registry("backend", {"c": _c_mode, "jax": _jax_mode})

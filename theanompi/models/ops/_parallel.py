@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pytensor.link.vm import VMLinker
+
+from theanompi.io import startup_trace
 
 __all__ = [
     "ParallelCVMLinker",
@@ -45,7 +48,7 @@ PROBES_FILE = "theanompi-compiler-probes.json"
 
 def compile_workers() -> int:
     """Compilers run at once: ``$THEANOMPI_COMPILE_JOBS``, else this process's cores (the node's
-    other ranks wait at :class:`~theanompi.pytensor_env.CompileTurn` meanwhile)."""
+    other ranks wait at the compile turn meanwhile: :func:`precompile`)."""
     env = os.environ.get("THEANOMPI_COMPILE_JOBS", "")
     if env.strip().isdigit() and int(env) >= 1:
         return int(env)
@@ -234,6 +237,7 @@ class ParallelCVMLinker(VMLinker):
     def make_all(self, *args: Any, **kwargs: Any) -> Any:
         from pytensor.configdefaults import config
 
+        t0 = time.perf_counter()
         load_compiler_probes(config.compiledir)
         try:
             precompile(self.fgraph)
@@ -241,4 +245,5 @@ class ParallelCVMLinker(VMLinker):
             pass
         made = super().make_all(*args, **kwargs)
         save_compiler_probes(config.compiledir)
+        startup_trace.add("loads", time.perf_counter() - t0)
         return made
