@@ -23,6 +23,7 @@ import numpy as np
 
 from theanompi.errors import ConfigError, DataError
 from theanompi.models.metrics import TOP_K, evaluate, indexed_batches
+from theanompi.train.collective import collective
 
 __all__ = [
     "run",
@@ -32,32 +33,6 @@ __all__ = [
     "format_table",
     "collective",
 ]
-
-
-def collective(comm: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn(*args, **kwargs)`` on every rank; if it raises a ``UserError`` on any rank,
-    rank 0 raises it (one line from the CLI) and the other ranks exit with the same code.
-
-    For set-up steps that fail alike on all ranks (missing files, a wrong checkpoint), so
-    that the user sees one error line instead of one per rank.
-    """
-    from theanompi.errors import UserError
-
-    try:
-        out, err = fn(*args, **kwargs), None
-    except UserError as e:
-        out, err = None, e
-    info = None if err is None else (type(err).__name__, str(err), err.exit_code)
-    infos = comm.allgather(info)
-    failed = [i for i in infos if i is not None]
-    if not failed:
-        return out
-    if comm.Get_rank() == 0:
-        if err is not None:
-            raise err
-        name, msg, _ = failed[0]
-        raise (DataError if name == "DataError" else ConfigError)(msg)
-    raise SystemExit(failed[0][2])
 
 
 def report_path(checkpoint: str | Path) -> Path:
@@ -162,21 +137,20 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _setup(
-    cfg: Any, checkpoint: str | Path | None, model: Any, turn: Any, rank: int, size: int
+    cfg: Any, checkpoint: str | Path | None, model: Any, rank: int, size: int
 ) -> tuple[Path, Any, Any, Any]:
     """Checkpoint path, val loader, compiled model with the checkpoint loaded, checkpoint."""
     from theanompi.data import ValLoader
 
-    with turn:  # the node's other ranks wait until its first has compiled
-        ckpt_path = _resolve_checkpoint(cfg, checkpoint)
-        _check_val_folder(cfg)
-        loader = ValLoader(cfg, rank, size)
-        if model is None:
-            from theanompi.models import create_model
+    ckpt_path = _resolve_checkpoint(cfg, checkpoint)
+    _check_val_folder(cfg)
+    loader = ValLoader(cfg, rank, size)
+    if model is None:
+        from theanompi.models import create_model
 
-            model = create_model(cfg.model)
-        ckpt = load_model_checkpoint(model, ckpt_path, str(cfg.model.name))  # before compile
-        model.build(loader.batch_size, backend=cfg.training.backend)
+        model = create_model(cfg.model)
+    ckpt = load_model_checkpoint(model, ckpt_path, str(cfg.model.name))  # before compile
+    model.build(loader.batch_size, backend=cfg.training.backend)
     return ckpt_path, loader, model, ckpt
 
 
@@ -282,16 +256,12 @@ def run(
     from mpi4py import MPI
 
     from theanompi.comm import log
-    from theanompi.pytensor_env import CompileTurn
     from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     collective(comm, check_nodes, comm, str(cfg.data.dir), None)  # same data on every node
-    turn = CompileTurn(comm)  # compile once per node
-    ckpt_path, loader, model, ckpt = collective(
-        comm, _setup, cfg, checkpoint, model, turn, rank, size
-    )
+    ckpt_path, loader, model, ckpt = collective(comm, _setup, cfg, checkpoint, model, rank, size)
 
     K = int(model.n_classes)
     # the code path of in-training validation (theanompi.models.metrics.validate): same numbers

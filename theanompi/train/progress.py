@@ -109,6 +109,12 @@ class Progress:
             arr = out / self.comm.Get_size()
         return [float(v) for v in arr]
 
+    def images_per_s(self, stats: StepStats) -> float | None:
+        """This rank's view of the images per second over the steps of ``stats`` (every
+        worker's images over this rank's wall time); None without steps."""
+        wall = float(np.sum(stats.wall))
+        return self.images_per_step * len(stats) / wall if len(stats) and wall > 0 else None
+
     def window(
         self,
         stats: StepStats,

@@ -1,8 +1,4 @@
-"""``tmpi train``: build the run's parts from a validated config and hand them to the Trainer.
-
-This is where the config stops: every part below takes explicit values, so ``--strategy``
-can be followed from the CLI to ``create_rule`` to the exchanger.
-"""
+"""``tmpi train``: check the run dir, build the rule, loaders and model, read the rest of the config into a plan, then train."""
 
 from __future__ import annotations
 
@@ -11,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from theanompi.errors import ConfigError
+from theanompi.train.collective import collective
 
 __all__ = ["run", "create_rule", "build_model", "save_config", "train_loader", "check_accumulate"]
 
@@ -82,60 +79,31 @@ def run(
     """
     from mpi4py import MPI
 
-    from theanompi.data import ValLoader
     from theanompi.io.timeline import Timeline
-    from theanompi.pytensor_env import CompileTurn
-    from theanompi.train.evaluate import collective
+    from theanompi.launch.watchdog import Watchdog
+    from theanompi.registry import source_of
+    from theanompi.train.plan import FitPlan
+    from theanompi.train.rundir import check_run_dir
     from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rule = create_rule(cfg)
     rule.check_world(comm.Get_size())
-    from theanompi.train.rundir import check_run_dir
-
     n_workers = rule.n_workers(comm.Get_size())
     check_run_dir(comm, cfg, resume=resume, overwrite=overwrite, n_workers=n_workers)
+    model_source = source_of(str(cfg.model.name))  # a user's model: the file it is trained with
     collective(comm, save_config, cfg, comm.Get_rank() == 0)  # the run dir was accepted
-    wcomm = rule.worker_comm(comm)
-    server = rule.server(comm)
+    wcomm, server = rule.worker_comm(comm), rule.server(comm)
     timeline = Timeline(cfg.output.timeline or None, comm)
     collective(comm, check_nodes, comm, str(cfg.data.dir), str(cfg.output.run_dir))
-    turn = CompileTurn(comm, compiles=server is None)  # compile once per node
-
-    def setup() -> tuple[Any, Any, Any] | None:
-        if server is not None:
-            return None
-        rank, size = wcomm.Get_rank(), wcomm.Get_size()
-        with turn:
-            train = train_loader(cfg, rank, size)
-            val = ValLoader(cfg, rank, size)
-            built = build_model(
-                cfg.model, train.input_shape, cfg.model.batch_size, model, cfg.training.backend
-            )
-            check_accumulate(built, cfg.training.accumulate_steps)
-        if cfg.data.verify == "all":  # --verify-data: every batch file, shared over the ranks
-            t0 = MPI.Wtime()
-            n = train.ds.verify(rank, size) + val.ds.verify(rank, size)
-            if rank == 0:
-                total = len(train.ds.files) + len(val.ds.files)
-                print(
-                    f"verify-data: {total} batch files match the manifest digests "
-                    f"({n} checked here in {MPI.Wtime() - t0:.2f} s, the rest by the other ranks)",
-                    flush=True,
-                )
-        return train, val, built
-
-    parts = collective(comm, setup)
-    from theanompi.launch.watchdog import Watchdog
-
-    with Watchdog(
-        comm, float(cfg.training.stall_timeout), stacks_dir=f"{cfg.output.run_dir}/stacks"
-    ) as watchdog:
+    parts = collective(comm, _setup, cfg, wcomm, model, server is None)
+    plan = FitPlan.from_config(cfg, resume, model_source)
+    stall, stacks = float(cfg.training.stall_timeout), f"{cfg.output.run_dir}/stacks"
+    with Watchdog(comm, stall, stacks_dir=stacks) as watchdog:
         if server is not None:
             mine = server.serve()
         else:
-            train, val, model = parts
-            mine = _fit(cfg, rule, wcomm, train, val, model, timeline, resume, watchdog)
+            mine = _fit(plan, rule, wcomm, *parts, timeline, watchdog)
     timeline.close()
     # every rank returns the first worker's summary, with what the servers add (serve_s)
     everyone = comm.allgather((server is not None, mine))
@@ -144,6 +112,41 @@ def run(
         if serving:
             summary.update(part)
     return summary
+
+
+def _setup(cfg: Any, comm: Any, model: Any, works: bool) -> tuple[Any, Any, Any] | None:
+    """A worker's loaders and its built model (a node's ranks compile each module once:
+    :mod:`theanompi.models.ops._parallel`), checked against
+    the other workers' (the same parameters and optimiser state), and ``--verify-data``'s
+    check of every batch file, shared over the workers ``comm``; None on a serving rank
+    (``works`` false)."""
+    from mpi4py import MPI
+
+    from theanompi.data import ValLoader
+    from theanompi.models.params import check_same_layout
+
+    if not works:
+        return None
+    rank, size = comm.Get_rank(), comm.Get_size()
+    train = train_loader(cfg, rank, size)
+    val = ValLoader(cfg, rank, size)
+    built = build_model(
+        cfg.model, train.input_shape, cfg.model.batch_size, model, cfg.training.backend
+    )
+    check_accumulate(built, cfg.training.accumulate_steps)
+    check_same_layout(built.params, comm, "param")  # every worker built the same model
+    check_same_layout(built.opt_state, comm, "optimizer state")
+    if cfg.data.verify == "all":  # --verify-data: every batch file, shared over the ranks
+        t0 = MPI.Wtime()
+        n = train.ds.verify(rank, size) + val.ds.verify(rank, size)
+        if rank == 0:
+            total = len(train.ds.files) + len(val.ds.files)
+            print(
+                f"verify-data: {total} batch files match the manifest digests "
+                f"({n} checked here in {MPI.Wtime() - t0:.2f} s, the rest by the other ranks)",
+                flush=True,
+            )
+    return train, val, built
 
 
 def train_loader(cfg: Any, rank: int, size: int) -> Any:
@@ -188,96 +191,6 @@ def check_accumulate(model: Any, k: int) -> None:
         )
 
 
-def _snapshotter(cfg: Any, rule: Any, comm: Any, model: Any) -> Any:
-    """The run's checkpoint writer/reader, its meta naming the config and the rule."""
-    from theanompi.registry import source_of
-    from theanompi.train.snapshot import Snapshotter
-
-    rule_meta = {"config": cfg.to_dict(), "rule": rule.name}
-    source = source_of(str(cfg.model.name))  # a user's model: the file it was trained with
-    if source:
-        rule_meta["model_source"] = source
-    return Snapshotter(
-        cfg.output.checkpoint_dir,
-        cfg.output.snapshot_freq,
-        comm,
-        model,
-        local_opt=rule.local_opt_state,
-        meta=rule_meta,
-        keep_last=int(cfg.output.keep_last),
-    )
-
-
-def _start_point(
-    snap: Any, model: Any, comm: Any, resume: bool, n_epochs: int, log: Any, k: int = 1
-) -> tuple[int, int, str | None, int]:
-    """(epoch, step, last checkpoint, step in epoch) to start from: the checkpoint's on
-    resume, else zeros with rank 0's parameters and optimizer state broadcast. A mid-epoch
-    checkpoint counts optimiser steps of the ``accumulate_steps`` it was written with: a
-    different ``k`` would restart the loader elsewhere, so it is refused."""
-    from theanompi.models.params import bcast_values
-
-    start_epoch, step, last_ckpt, start_in_epoch = 0, 0, None, 0
-    if resume:
-        ck = snap.restore()
-        start_epoch, step, last_ckpt = ck.epoch, ck.step, str(ck.path)
-        start_in_epoch = int(ck.meta.get("step_in_epoch", 0))  # a mid-epoch checkpoint
-        written = ck.meta.get("config", {}).get("training", {}).get("accumulate_steps", 1)
-        if start_in_epoch and int(written) != k:
-            raise ConfigError(
-                f"resume: {ck.path.name} was written mid-epoch with training.accumulate_steps="
-                f"{written}, now {k}; set training.accumulate_steps: {written} to resume it "
-                "(change it at an epoch checkpoint)"
-            )
-        log(f"resumed from {ck.path} (epoch {start_epoch}, step {step})")
-        if start_epoch >= n_epochs:
-            log(
-                f"{start_epoch} epoch(s) already done of model.n_epochs={n_epochs}; "
-                "nothing to train (raise --epochs to continue)"
-            )
-    else:
-        bcast_values(model.params, comm)
-        bcast_values(model.opt_state, comm)
-    return start_epoch, step, last_ckpt, start_in_epoch
-
-
-def _open_record(
-    cfg: Any,
-    rule: Any,
-    train: Any,
-    n_workers: int,
-    enabled: bool,
-    resume: bool,
-    start_epoch: int,
-    scale: float,
-    warmup: int,
-    steps_per_epoch: int,
-) -> Any:
-    """The run's record (written by rank 0 only), opened with its ``start`` entry."""
-    from theanompi.io.record import RecordWriter
-
-    record = RecordWriter(
-        cfg.output.record_dir, enabled=enabled, keep_before_epoch=start_epoch if resume else None
-    )
-    record.write(
-        "start",
-        rule=rule.name,
-        world_size=rule.world_size,
-        n_workers=n_workers,
-        resume=resume,
-        start_epoch=start_epoch,
-        steps_per_epoch=steps_per_epoch,
-        dropped_sub_batches=train.dropped,
-        batch_size=train.batch_size,
-        accumulate_steps=int(cfg.training.accumulate_steps),
-        lr_scale=scale,
-        warmup_steps=warmup,
-        config=cfg.to_dict(),
-        **rule.settings(),
-    )
-    return record
-
-
 def save_config(cfg: Any, write: bool = True) -> Path | None:
     """``<run_dir>/config.yaml``: the resolved config (:func:`theanompi.config.print_config`,
     which ``load_config`` reads back), written atomically where ``write`` (rank 0). Left as is
@@ -307,72 +220,106 @@ def save_config(cfg: Any, write: bool = True) -> Path | None:
     return path
 
 
-def _open_loggers(cfg: Any, record: Any, enabled: bool) -> list[Any]:
-    """``output.loggers``, on the rank that writes the record (``enabled``), fed the record
-    as it stands now (a resumed run's kept entries, then this start)."""
-    if not enabled or not cfg.output.loggers:
-        return []
-    from theanompi.io.loggers import open_loggers
-    from theanompi.io.record import read_record
-
-    return open_loggers(cfg.output.loggers, cfg.output.run_dir, read_record(record.path))
-
-
-def _loop_settings(cfg: Any, n_epochs: int) -> Any:
-    """The Trainer loop's plain settings, read off the config."""
-    from theanompi.train.trainer import LoopSettings
-
-    return LoopSettings(
-        n_epochs=n_epochs,
-        print_freq=int(cfg.training.print_freq),
-        check_every=int(cfg.weight_exchange.check_every),
-        checkpoint_every_steps=int(cfg.output.checkpoint_every_steps),
-        checkpoint_every_minutes=float(cfg.output.checkpoint_every_minutes),
-        accumulate_steps=int(cfg.training.accumulate_steps),
-    )
-
-
 def _fit(
-    cfg: Any,
+    plan: Any,
     rule: Any,
     comm: Any,
     train: Any,
     val: Any,
     model: Any,
     timeline: Any,
-    resume: bool,
     watchdog: Any = None,
 ) -> dict[str, Any]:
-    """Start values (rank 0's or the checkpoint's), record, then the Trainer's loop."""
-    from theanompi.io.loggers import close_all
-    from theanompi.models.params import check_same_layout
-    from theanompi.train.evaluate import collective
+    """A worker's training: checkpoints, start values (rank 0's or the checkpoint's),
+    the lr schedule and the record, then the Trainer's loop."""
+    from theanompi.train.recorder import Recorder
     from theanompi.train.rng import seed_rngs
-    from theanompi.train.schedule import LRSchedule, lr_scale
+    from theanompi.train.snapshot import Snapshotter
+    from theanompi.train.start import start_state
     from theanompi.train.trainer import Trainer
 
-    rank, size = comm.Get_rank(), comm.Get_size()
     tag = f"[{rule.name.lower()}]"
-    log = (lambda text: print(f"{tag} {text}", flush=True)) if rank == 0 else (lambda text: None)
-    n_epochs = int(cfg.model.n_epochs)
-    check_same_layout(model.params, comm, "param")
-    check_same_layout(model.opt_state, comm, "optimizer state")
-    seed_rngs(model, cfg.randomness.seed, rule.world.Get_rank())
-    snap = _snapshotter(cfg, rule, comm, model)
-    k = int(cfg.training.accumulate_steps)
-    start_epoch, step, last_ckpt, start_in_epoch = _start_point(
-        snap, model, comm, resume, n_epochs, log, k
+    log = (lambda t: print(f"{tag} {t}", flush=True)) if comm.Get_rank() == 0 else (lambda t: None)
+    loop, size = plan.loop, comm.Get_size()
+    k, n_epochs = loop.accumulate_steps, loop.n_epochs
+    seed_rngs(model, plan.seed, rule.world.Get_rank())
+    sp = plan.snapshot
+    snap = Snapshotter(
+        sp.directory,
+        sp.freq,
+        comm,
+        model,
+        local_opt=rule.local_opt_state,
+        meta=sp.meta(plan.config, rule.name),
+        keep_last=sp.keep_last,
     )
-    rule.setup(model, comm)
-    b = train.batch_size
-    global_batch = b * k * size  # images per optimiser step: what lr scaling counts
+    global_batch = train.batch_size * k * size  # images per optimiser step: what lr scaling counts
     spe = train.steps_per_epoch // k  # optimiser steps per epoch: what warm-up counts
-    scale = lr_scale(cfg.training.lr_scaling, global_batch, cfg.training.lr_reference_batch)
-    warmup = round(float(cfg.training.warmup_epochs) * spe)
+    schedule, scale, warmup = plan.schedule.schedule(global_batch, spe, n_epochs)
+    start = start_state(
+        snap, model, rule, comm, resume=plan.resume, k=k, n_epochs=n_epochs, log=log
+    )
+    _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup)
+    rp = plan.record
+    recorder = Recorder.open(
+        comm,
+        rp.record_dir,
+        loggers=rp.loggers,
+        run_dir=rp.run_dir,
+        keep_before_epoch=start.epoch if plan.resume else None,
+        start=dict(
+            rule=rule.name,
+            world_size=rule.world_size,
+            n_workers=size,
+            resume=plan.resume,
+            start_epoch=start.epoch,
+            steps_per_epoch=spe,
+            dropped_sub_batches=train.dropped,
+            batch_size=train.batch_size,
+            accumulate_steps=k,
+            lr_scale=scale,
+            warmup_steps=warmup,
+            config=plan.config,
+            **rule.settings(),
+        ),
+    )
+    trainer = Trainer(
+        model=model,
+        rule=rule,
+        comm=comm,
+        train=train,
+        val=val,
+        snap=snap,
+        record=recorder.record,
+        timeline=timeline,
+        schedule=schedule,
+        settings=loop,
+        watchdog=watchdog,
+        loggers=recorder.loggers,
+    )
+    try:
+        return trainer.fit(start.epoch, start.step, start.checkpoint, start.step_in_epoch)
+    finally:
+        recorder.close()
+
+
+def _log_start(
+    log: Any,
+    rule: Any,
+    model_name: str,
+    train: Any,
+    size: int,
+    n_epochs: int,
+    k: int,
+    scale: float,
+    warmup: int,
+) -> None:
+    """Rank 0's lines about the run about to train: ranks, model, rule, batches, lr."""
+    b, spe = train.batch_size, train.steps_per_epoch // k
     log(
-        f"{rule.world_size} rank(s), model {cfg.model.name}, {rule.describe()}, batch {b}/worker"
+        f"{rule.world_size} rank(s), model {model_name}, {rule.describe()}, batch {b}/worker"
         + (f" x {k} accumulated" if k > 1 else "")
-        + f" ({global_batch} global on {size} worker(s)), {n_epochs} epochs"
+        + f" ({b * k * size} global on {size} worker(s)), {n_epochs} epochs"
         + (f", lr x {scale:g}" if scale != 1 else "")
         + (f", warm-up {warmup} steps" if warmup else "")
     )
@@ -384,26 +331,3 @@ def _fit(
             f"{spe} optimiser steps/epoch"
             + (f"; {left} sub-batch(es) per rank and epoch dropped" if left else "")
         )
-    record = _open_record(
-        cfg, rule, train, size, rank == 0, resume, start_epoch, scale, warmup, spe
-    )
-    loggers = collective(comm, _open_loggers, cfg, record, rank == 0)
-    trainer = Trainer(
-        model=model,
-        rule=rule,
-        comm=comm,
-        train=train,
-        val=val,
-        snap=snap,
-        record=record,
-        timeline=timeline,
-        schedule=LRSchedule.from_config(cfg.model, scale, warmup, n_epochs * spe),
-        settings=_loop_settings(cfg, n_epochs),
-        watchdog=watchdog,
-        loggers=loggers,
-    )
-    try:
-        return trainer.fit(start_epoch, step, last_ckpt, start_in_epoch)
-    finally:
-        record.close()
-        close_all(loggers)

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from theanompi.models.optim import LRPolicy, lr_policy
 
-__all__ = ["LRSchedule", "lr_scale"]
+__all__ = ["LRSchedule", "LRSetter", "lr_scale"]
 
 
 def lr_scale(scaling: str, global_batch: int, reference_batch: int) -> float:
@@ -103,3 +105,30 @@ class LRSchedule:
             * self.factor(step)
             * self.policy.step_factor(step, self.total_steps)
         )
+
+
+class LRSetter:
+    """The model's ``lr`` variable kept at the schedule's lr of each step.
+
+    ``new_epoch(epoch_lr, step)`` at an epoch's start (``epoch_lr``: what
+    ``Model.adjust_hyperparams`` set), then ``at_step(step)`` before each step; the variable is
+    written only when the value changes (a write costs a transfer under JAX).
+    """
+
+    def __init__(self, schedule: LRSchedule, lr_var: Any) -> None:
+        self.schedule, self.var = schedule, lr_var
+        self.epoch_lr = float(lr_var.get_value())
+        self.current: float | None = None
+
+    def new_epoch(self, epoch_lr: float, step: int) -> float:
+        """A new epoch at global ``step``, from the policy's ``epoch_lr``; returns the lr."""
+        self.epoch_lr, self.current = float(epoch_lr), None
+        return self.at_step(step)
+
+    def at_step(self, step: int) -> float:
+        """The lr of global ``step``, set on the model."""
+        lr = self.schedule.lr(self.epoch_lr, step)
+        if lr != self.current:
+            self.var.set_value(np.asarray(lr, dtype=self.var.get_value().dtype))
+            self.current = lr
+        return lr

@@ -1,0 +1,84 @@
+"""The run's record and the loggers fed from it: opened with the ``start`` entry, one ``step``/``epoch`` entry at a time, closed together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from theanompi.io.loggers import close_all
+from theanompi.io.record import RecordWriter, read_record
+from theanompi.train.collective import collective
+
+__all__ = ["Recorder"]
+
+
+def _open_loggers(
+    names: Sequence[str], run_dir: str | Path, record: RecordWriter, enabled: bool
+) -> list[Any]:
+    """``output.loggers``, on the rank that writes the record (``enabled``), fed the record
+    as it stands now (a resumed run's kept entries, then this start)."""
+    if not enabled or not names:
+        return []
+    from theanompi.io.loggers import open_loggers
+
+    return open_loggers(names, run_dir, read_record(record.path))
+
+
+class Recorder:
+    """Every entry of the run goes to the record first, then, as written, to each logger.
+
+    Parameters
+    ----------
+    record
+        :class:`~theanompi.io.record.RecordWriter` (enabled on rank 0 only).
+    loggers
+        :class:`~theanompi.io.loggers.Logger` objects fed each ``step`` and ``epoch`` entry
+        (on the rank that writes the record only).
+    """
+
+    def __init__(self, record: Any, loggers: Sequence[Any] = ()) -> None:
+        self.record = record
+        self.loggers = list(loggers)
+
+    @classmethod
+    def open(
+        cls,
+        comm: Any,
+        record_dir: str | Path,
+        *,
+        loggers: Sequence[str],
+        run_dir: str | Path,
+        keep_before_epoch: int | None,
+        start: dict[str, Any],
+    ) -> Recorder:
+        """Collective: the record in ``record_dir`` (written by rank 0; a resume keeps the
+        entries before epoch ``keep_before_epoch``) opened with the ``start`` entry, and the
+        loggers named (``output.loggers``) writing under ``run_dir``."""
+        enabled = comm.Get_rank() == 0
+        record = RecordWriter(record_dir, enabled=enabled, keep_before_epoch=keep_before_epoch)
+        record.write("start", **start)
+        return cls(record, collective(comm, _open_loggers, loggers, run_dir, record, enabled))
+
+    def add_step(self, entry: dict[str, Any]) -> None:
+        """A progress window's ``step`` entry."""
+        written = self.record.write("step", **entry)
+        for lg in self.loggers:
+            lg.on_step(written)
+
+    def add_epoch(self, **fields: Any) -> None:
+        """An ``epoch`` entry."""
+        written = self.record.write("epoch", **fields)
+        for lg in self.loggers:
+            lg.on_epoch(written)
+
+    def add_end(self, summary: dict[str, Any]) -> None:
+        """The ``end`` entry: the run's summary (the loggers have no use for it)."""
+        self.record.write("end", **summary)
+
+    def close(self) -> None:
+        """Close the record, then every logger (even if one raises)."""
+        try:
+            self.record.close()
+        finally:
+            close_all(self.loggers)
