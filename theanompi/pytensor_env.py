@@ -15,7 +15,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ __all__ = [
     "blas_symbol_prefix",
     "cache_root",
     "compile_dir",
-    "CompileTurn",
     "keep_freed_memory",
     "fit_threads_to_node",
     "thread_pools",
@@ -38,7 +36,6 @@ __all__ = [
 _configured = False
 #: largest block glibc serves from its heap, kept mapped once freed (:func:`keep_freed_memory`)
 HEAP_BLOCK_MAX = 4 << 20
-WAIT_POLL_S = 0.02  # how often a rank waiting for its node's compile looks again
 #: environment variables as they were before :func:`configure` changed them (None: unset)
 _BEFORE: dict[str, str | None] = {}
 
@@ -70,52 +67,10 @@ def compile_dir() -> Path:
 
     With ``$THEANOMPI_CACHE`` on a file system shared by the nodes, each node still keeps its
     own folder (nodes may differ in compiler or CPU); the ranks of one node share it, and
-    :class:`CompileTurn` lets the node's first rank compile before the others load.
+    compile each missing module once (:mod:`theanompi.models.ops._parallel`).
     """
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
     return cache_root() / "pytensor" / host
-
-
-class CompileTurn:
-    """Compile once per node: the node's first compiling rank compiles into the shared
-    :func:`compile_dir`, the node's other ranks wait at a node barrier, then load the cache.
-
-    Creating it is collective over ``comm`` (every rank, ``compiles=False`` for ranks that
-    build no model, e.g. a parameter server); ``with turn:`` is collective over the compiling
-    ranks of each node. Wrap the whole set-up that compiles, with no collective inside::
-
-        turn = CompileTurn(comm, compiles=server is None)   # before any set-up
-        with turn:                                          # later, on compiling ranks
-            model.build(batch_size)
-
-    An exception inside still releases the others (they then compile, or fail, themselves).
-    """
-
-    def __init__(self, comm: object, *, compiles: bool = True) -> None:
-        from mpi4py import MPI
-
-        from theanompi.comm import node_comm
-
-        node = node_comm(comm)
-        self.comm = node.Split(0 if compiles else MPI.UNDEFINED, node.Get_rank())
-        self.first = compiles and self.comm.Get_rank() == 0
-
-    def _barrier(self) -> None:
-        """A node barrier that sleeps while it waits: MPI's spins, and the waiting ranks
-        would take the cores the compiling rank needs (measured: 4 ranks on 2 cores, the
-        compile several times slower)."""
-        req = self.comm.Ibarrier()
-        while not req.Test():
-            time.sleep(WAIT_POLL_S)
-
-    def __enter__(self) -> CompileTurn:
-        if self.comm.Get_size() > 1 and not self.first:
-            self._barrier()  # the node's first rank is compiling
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.comm.Get_size() > 1 and self.first:
-            self._barrier()  # compiled (or failed): let the others load the cache
 
 
 @functools.cache
@@ -262,8 +217,8 @@ def configure(*, blas_threads: int | None = None) -> None:
 
     User settings in ``PYTENSOR_FLAGS`` (and, for an imported PyTensor, its ``.pytensorrc``)
     win over ours. The compile dir is per node (:func:`compile_dir`), shared by the node's
-    ranks: PyTensor's lock keeps them from corrupting it and :class:`CompileTurn` from
-    compiling the same code twice. BLAS threads default to cores / ranks-on-this-node, at
+    ranks: PyTensor's lock keeps them from corrupting it and our compile turn
+    (:mod:`theanompi.models.ops._parallel`) from compiling the same code twice. BLAS threads default to cores / ranks-on-this-node, at
     least 1.
 
     Before PyTensor's first import our settings go into ``PYTENSOR_FLAGS``; once it is
