@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from theanompi.errors import ConfigError
 from theanompi.train.collective import collective
+
+if TYPE_CHECKING:
+    from theanompi.train.plan import FitPlan
 
 __all__ = ["run", "create_rule", "build_model", "save_config", "train_loader", "check_accumulate"]
 
@@ -221,7 +224,7 @@ def save_config(cfg: Any, write: bool = True) -> Path | None:
 
 
 def _fit(
-    plan: Any,
+    plan: FitPlan,
     rule: Any,
     comm: Any,
     train: Any,
