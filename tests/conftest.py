@@ -12,9 +12,15 @@ import pytest
 from theanompi.launch.testing import REPO, run_mpi, tmpi
 from theanompi.pytensor_env import configure
 
-configure()
-
 __all__ = ["REPO", "run_mpi", "tmpi"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """PyTensor set up in each process that runs tests, not in pytest-xdist's controller: the
+    workers inherit its environment, and would take its BLAS threads for the user's."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    configure()
 
 
 @pytest.fixture
@@ -29,7 +35,9 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     return tmpi
 
 
-def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+def once_per_run(
+    tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]
+) -> Path:
     """``make(folder)`` once per test run, shared by the pytest-xdist workers: the first worker
     builds it under a file lock, beside the workers' own temp folders; the others wait, then
     use it. Without xdist: once per session. ``folder`` is complete only once ``make`` returns."""

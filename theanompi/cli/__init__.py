@@ -36,9 +36,22 @@ except ModuleNotFoundError as _err:  # pragma: no cover - only while prep is abs
         raise
 
 
+def _whole_lines() -> None:
+    """On a rank, write whole lines: mpirun merges the ranks' output, and with
+    ``PYTHONUNBUFFERED`` a ``print`` is two writes (text, then newline), so another rank's line
+    could land between them. Line buffering keeps each line one write, still as it comes."""
+    from theanompi.comm import under_mpirun
+
+    if under_mpirun():
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a meaningful exit code."""
     try:
+        _whole_lines()
         _take_placement_flags()
         app()
     except UserError as err:
