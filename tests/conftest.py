@@ -4,23 +4,48 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from theanompi.launch.restart import RETRY_LOG_ENV
 from theanompi.launch.testing import REPO, run_mpi, tmpi
 from theanompi.pytensor_env import configure
 
 __all__ = ["REPO", "run_mpi", "tmpi"]
 
+_RETRY_LOG = pytest.StashKey[str]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """PyTensor set up in each process that runs tests, not in pytest-xdist's controller: the
-    workers inherit its environment, and would take its BLAS threads for the user's."""
+    workers inherit its environment, and would take its BLAS threads for the user's. The
+    first process (controller, or the only one) names the file where every launch that mpirun
+    failed to start, and that was launched again, is noted (:func:`pytest_terminal_summary`)."""
+    if not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="tmpi-retries-", suffix=".log")
+        os.close(fd)
+        os.environ[RETRY_LOG_ENV] = config.stash[_RETRY_LOG] = path
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
     configure()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """How many launches mpirun failed to start and were launched again (as ``tmpi`` does for
+    users): each is a retry, never a silent one."""
+    path = config.stash.get(_RETRY_LOG, None)
+    if path is None:
+        return
+    log = Path(path)
+    lines = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    terminalreporter.write_line(f"mpirun launches retried (failed to start): {len(lines)}")
+    for line in lines:
+        terminalreporter.write_line(f"  {line}")
 
 
 @pytest.fixture

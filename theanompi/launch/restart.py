@@ -14,22 +14,41 @@ from theanompi.launch.launcher_watch import EXIT_INTERRUPTED
 from theanompi.launch.slurm import EXIT_REQUEUED
 from theanompi.launch.supervise import Attempt, supervise
 
-__all__ = ["NOT_RESTARTABLE", "START_TRIES", "run_started", "run_with_restarts"]
+__all__ = ["NOT_RESTARTABLE", "RETRY_LOG_ENV", "START_TRIES", "run_started", "run_with_restarts"]
 
 #: exit codes that a restart cannot mend: usage, data, resource (errors.py), Ctrl-C
 NOT_RESTARTABLE = frozenset({0, 2, 3, 4, EXIT_INTERRUPTED, EXIT_REQUEUED})
 #: launches of one attempt that may fail to start before the launcher gives up
 START_TRIES = 3
+#: a file that each such launch again appends a line to (the test suite counts them)
+RETRY_LOG_ENV = "THEANOMPI_RETRY_LOG"
+
+
+def _again(k: int, cmd: Sequence[str]) -> None:
+    """Say that launch ``k`` never started and launch ``k + 1`` follows; note it in
+    ``$THEANOMPI_RETRY_LOG`` where set."""
+    print(
+        f"tmpi: mpirun failed to start (its PMIx listener); launching again ({k + 1}/"
+        f"{START_TRIES})",
+        file=sys.stderr,
+        flush=True,
+    )
+    log = os.environ.get(RETRY_LOG_ENV)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{k + 1}/{START_TRIES} {' '.join(map(str, cmd))[:300]}\n")
 
 
 def run_started(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` of an mpirun line,
     run again (up to :data:`START_TRIES` in all) while mpirun failed before starting any rank:
     the captured-output twin of the launcher's own retry, for benches and tests."""
-    for _ in range(START_TRIES):
+    for k in range(1, START_TRIES + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
         if proc.returncode == 0 or not never_started(proc.stderr + proc.stdout):
             break
+        if k < START_TRIES:
+            _again(k, cmd)
     return proc
 
 
@@ -40,12 +59,7 @@ def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> Attempt:
         result = supervise(cmd, env)
         if not result.not_started or k == START_TRIES:
             return result
-        print(
-            f"tmpi: mpirun failed to start (its PMIx listener); launching again ({k + 1}/"
-            f"{START_TRIES})",
-            file=sys.stderr,
-            flush=True,
-        )
+        _again(k, cmd)
         time.sleep(0.5 * k)
     raise AssertionError("unreachable")  # pragma: no cover
 

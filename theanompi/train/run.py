@@ -238,7 +238,7 @@ def _fit(
     from theanompi.train.recorder import Recorder
     from theanompi.train.rng import seed_rngs
     from theanompi.train.snapshot import Snapshotter
-    from theanompi.train.start import start_state
+    from theanompi.train.start_point import start_state
     from theanompi.train.trainer import Trainer
 
     tag = f"[{rule.name.lower()}]"

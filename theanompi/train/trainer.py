@@ -43,7 +43,7 @@ class Trainer:
     ----------
     model
         A built model (the :class:`~theanompi.models.base.Model` protocol) holding the start
-        values on every worker (:func:`~theanompi.train.start.start_state`).
+        values on every worker (:func:`~theanompi.train.start_point.start_state`).
     rule
         The :class:`~theanompi.rules.base.SyncRule`, already ``setup`` (and given back a
         mid-epoch checkpoint's own state).
