@@ -5,13 +5,16 @@ photos that ship inside scikit-learn (``china.jpg``, ``flower.jpg``): random cro
 a little noise, so that every file differs. Both contenders turn the same files into the same
 hickle batches: the baseline decodes every image in full, resizes the shorter side to S,
 crops the centre and writes the batch, in one process; ours is ``prep.batch.run`` (simplejpeg
-decode at Pillow's DCT scale into reused buffers, numba box resize straight to S x S, blocked
-c01b transpose) under ``mpirun -n 1`` and ``-n 2`` with one thread per rank (one core per
-rank: the per-rank ratios), and once more at 1 rank with its second thread (resize, write and
-SHA-256 beside the decode, as a rank does when the machine has a spare core), timed with
-``MPI.Wtime`` between barriers, on its second run in the process (its numba kernels are loaded
-before the first barrier). Each contender that writes first writes and deletes its output's
-worth of scratch (:func:`warm_page_cache`). The decode-only bound is
+decode at Pillow's DCT scale into reused buffers, C (or numba) box resize straight to S x S,
+blocked c01b transpose) under ``mpirun -n 1`` and ``-n 2`` with one thread per rank (one core
+per rank: the per-rank ratios), and once more at 1 rank with its second thread (resize, write
+and SHA-256 beside the decode, as a rank does when the machine has a spare core), timed with
+``MPI.Wtime`` between barriers, on its second run in the process (its kernels are loaded
+before the first barrier). With 1 rank in ``--ranks`` it also times what a user runs: a fresh
+``tmpi prep batch -n 1`` process, one thread, wall time from its start to its exit
+(interpreter, imports, kernels and all; the ``fresh process`` row and ratio). Each contender
+that writes first writes and deletes its output's worth of scratch (:func:`warm_page_cache`).
+The decode-only bound is
 ``simplejpeg.decode_jpeg`` alone over the same files (bytes read first, full size into one
 reused buffer, one process): what a rank could reach if resizing and writing were free.
 Medians of repeats.
@@ -24,6 +27,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -175,6 +179,39 @@ def _ours(
         raise RuntimeError(f"bench worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
     return int(stats["images"]), float(stats["seconds"]), float(stats["cpu_seconds"])
+
+
+def _fresh(out: Path, batch_size: int, size: int) -> tuple[int, float, float]:
+    """A user's ``tmpi prep batch -n 1`` in a fresh process, one thread: (images, wall s, cpu s).
+
+    Timed from before the process starts to its exit (``perf_counter`` here, CPU from
+    ``RUSAGE_CHILDREN``), so its fixed costs count: interpreter start, imports, loading the
+    kernels, the writer's template, the first touch of its buffers. Its output's page cache
+    is warmed first, as for every contender (:func:`warm_page_cache`).
+    """
+    import resource
+
+    from prep.batch import THREADS_ENV, make_plans
+
+    _clear_batches(out)
+    plans, _, _ = make_plans(out, batch_size, "drop", "pad")
+    warm_page_cache(out, _output_bytes(plans, batch_size, size))
+    cmd = [sys.executable, "-m", "theanompi.cli", "prep", "batch", "--out", str(out)]
+    cmd += ["--batch-size", str(batch_size), "--size", str(size), "-n", "1"]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    env |= {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env |= {THREADS_ENV: "1"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tmpi prep batch failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    n = sum(p.n_images for p in plans.values())
+    return n, seconds, cpu
 
 
 def _warm_imports() -> None:
@@ -363,6 +400,8 @@ def _contenders(ranks: list[int]) -> list[str]:
     keys = ["naive", "bound", *(f"ours{r}" for r in ranks)]
     if 1 in ranks and (os.cpu_count() or 1) >= 2:
         keys.append("ours1t2")  # one rank, its second thread on the spare core
+    if 1 in ranks:
+        keys.append("fresh1")  # a user's `tmpi prep batch -n 1`: a new process, timed whole
     return list(dict.fromkeys(keys))
 
 
@@ -374,6 +413,8 @@ def _time_one(key: str, out: Path, batch_size: int, size: int) -> tuple[int, flo
         return decode_only(out)
     if key == "ours1t2":
         return _ours(out, 1, batch_size, size, threads=2)
+    if key == "fresh1":
+        return _fresh(out, batch_size, size)
     return _ours(out, int(key[4:]), batch_size, size)
 
 
@@ -402,11 +443,12 @@ def _print_table(med: dict[str, float], cmed: dict[str, float], ranks: list[int]
         "naive": "naive PIL (full)",
         "bound": "decode only (simplejpeg)",
         "ours1t2": "ours, 2 threads (2 cores)",
+        "fresh1": "ours, fresh process",
     }
     for key in med:
         r = int(key[4:]) if key.startswith("ours") and key[4:].isdigit() else 1
         v = med[key]
-        own = key not in names
+        own = key.startswith("ours") and key[4:].isdigit()
         scale = f"{v / base1:.2f}" if own and r != ranks[0] and base1 else ""
         print(
             f"{names.get(key, 'ours (prep batch)'):<26}{r:>6}{v:>8.0f}{v / med['naive']:>9.2f}"
@@ -426,6 +468,12 @@ def _print_ratios(med: dict[str, float]) -> None:
         + (
             f"; with a second thread on a spare core {med['ours1t2'] / med['bound']:.2f}x"
             if "ours1t2" in med
+            else ""
+        )
+        + (
+            f"; fresh process (tmpi prep batch -n 1, wall) / naive "
+            f"{med['fresh1'] / med['naive']:.2f}x (goal >= 2.2)"
+            if "fresh1" in med
             else ""
         )
     )

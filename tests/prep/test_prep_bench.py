@@ -37,3 +37,16 @@ def test_scan_scale_reports_rate_and_memory(capsys: pytest.CaptureFixture[str]) 
     assert bench.main(["--scan-tree", "400", "--classes", "4", "--ranks", "2"]) == 0
     out = capsys.readouterr().out
     assert "scan scale: 600 files" in out and "on 2 rank(s)" in out and "peak RSS" in out
+
+
+@pytest.mark.mpi
+def test_bench_times_a_fresh_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With 1 rank, a fresh ``tmpi prep batch -n 1`` gets its own row and ratio."""
+    args = ["--images", "20", "--width", "64", "--height", "48", "--size", "16"]
+    args += ["--batch-size", "4", "--repeats", "1", "--ranks", "1", "--work", str(tmp_path)]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("ours, fresh process"))
+    assert row.split()[3] == "1"  # ranks
+    assert "fresh process (tmpi prep batch -n 1, wall) / naive" in out
+    assert "; fresh1 " in out  # its runs are listed with the others'

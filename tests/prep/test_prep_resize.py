@@ -1,6 +1,8 @@
-"""resize: the numba filter vs a plain float64 reference and vs Pillow; the c01b transpose vs numpy."""
+"""resize: the C and numba filters vs a plain float64 reference and vs Pillow; the c01b transpose vs numpy."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,21 @@ CASES = [
     ((1000, 30), 7),
     ((40, 30), 1),
 ]
+
+
+@pytest.fixture(autouse=True, params=["c", "numba"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> object:
+    """Every test below runs on both kernel sets: the C build and the numba fallback."""
+    if request.param == "c":
+        from prep import _c_kernels
+
+        found = _c_kernels.load()
+        if found is None:
+            pytest.skip("no C compiler: the numba kernels are the ones in use")
+    else:
+        from prep import _numba_kernels as found
+    monkeypatch.setattr(resize, "kernels", lambda: found)
+    return found
 
 
 def _images(fx, w: int, h: int) -> list[np.ndarray]:
@@ -129,3 +146,31 @@ def test_transpose_rejects_bad_shapes() -> None:
     with pytest.raises(ValueError, match="cannot transpose"):
         out = np.zeros((8, 3, 2, 2), np.uint8).transpose(1, 2, 3, 0)  # right shape, not contiguous
         resize.transpose_into(np.zeros((8, 3, 2, 2), np.uint8), out)
+
+
+def test_c_kernels_build_once_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernels: object
+) -> None:
+    """Built on first use under $THEANOMPI_CACHE/prep, loaded from there next time; no
+    compiler (or ``THEANOMPI_PREP_KERNELS=numba``) gives None: the numba kernels are used."""
+    from prep import _c_kernels
+
+    monkeypatch.setenv("THEANOMPI_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # no compiler
+    assert _c_kernels.load() is None and not list(tmp_path.rglob("*.so"))
+    (marker,) = tmp_path.rglob("*.failed-false")  # the next process does not try again
+    monkeypatch.setenv("CC", str(tmp_path / "false"))  # marked by compiler name, any path
+    assert _c_kernels.load() is None
+    marker.unlink()
+    if not isinstance(kernels, _c_kernels.CKernels):
+        return
+    monkeypatch.delenv("CC")
+    assert _c_kernels.load() is not None
+    (lib,) = tmp_path.rglob("*.so")
+    assert lib == _c_kernels.library_path() and lib.parent == tmp_path / "prep"
+    assert [p.name for p in lib.parent.iterdir()] == [lib.name]  # no temp files or marker left
+    stamp = lib.stat().st_mtime_ns
+    monkeypatch.setenv("CC", "false")  # a second process: loads, does not build
+    assert _c_kernels.load() is not None and lib.stat().st_mtime_ns == stamp
+    monkeypatch.setenv(_c_kernels.DISABLE_ENV, "numba")
+    assert _c_kernels.load() is None
