@@ -34,6 +34,14 @@ def pytest_configure(config: pytest.Config) -> None:
     configure()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a ``slow`` test first (each module kept together, for its fixtures): the
+    pytest-xdist workers then start on the long scenarios, rather than one of them running
+    the longest last while the other has finished."""
+    slow = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in slow)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """How many launches mpirun failed to start and were launched again (as ``tmpi`` does for
     users): each is a retry, never a silent one."""
