@@ -63,7 +63,7 @@ demo: data train eval
 # Bytecode written (an empty PYTHONDONTWRITEBYTECODE is unset): where the environment sets it,
 # pytest rewrote every test module again in each of its processes (collection 17-26 s -> 5 s)
 # and each of the suite's hundreds of processes compiled our sources again.
-PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider --color=no
+PYTEST := env PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider --color=no
 MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(BIN)/mpirun --bind-to none
 
 # The exchange tests also run inside a 2-rank job (each rank a pytest process; rank 1 quiet),
