@@ -69,7 +69,7 @@ MPIRUN := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 $(BIN)/mpiru
 # The exchange tests also run inside a 2-rank job (each rank a pytest process; rank 1 quiet),
 # then the whole suite, its MPI tests launching real mpirun jobs themselves: JOBS pytest-xdist
 # workers (one per core) share the tests, then the `serial` ones (namespaces, Slurm, faults
-# timed in seconds) run alone. `make test-quick`: the suite without the slow and serial ones.
+# timed in seconds from a start) run alone. `make test-quick`: the suite without the slow and serial ones.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: test-mpi test-suite
 

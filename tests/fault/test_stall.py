@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Job, mpirun_argv, tiny_train_args, write_tiny_data  # noqa: E402
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 TIMEOUT = 6.0
 SLACK = 6.0  # heartbeats (<= 0.75 s apart), staleness (2-3 s), the abort and mpirun's teardown

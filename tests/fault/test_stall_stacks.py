@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, Job, mpirun_argv, tiny_train_args, tmpi_argv, write_tiny_data  # noqa: E402
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 TIMEOUT = 6.0
 SLACK = 8.0  # as test_stall.py, plus the ranks' answers (a heartbeat interval) and the dumps
