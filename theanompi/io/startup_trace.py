@@ -52,5 +52,8 @@ def write() -> None:
         return
     _marks["written"] = time.time()
     doc = {"process_start": process_start(), "marks": _marks, "spans": _spans}
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(doc))
+    try:
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps(doc))
+    except OSError:
+        pass  # a benchmark's aid only: the bench reports the trace missing, training goes on
