@@ -152,7 +152,9 @@ def _cpu() -> str:
 
 def library_path() -> Path:
     """Where this machine's build of :data:`SOURCE` lives (it may not exist yet)."""
-    base = Path(os.environ.get("THEANOMPI_CACHE", Path.home() / ".cache" / "theanompi"))
+    from theanompi.pytensor_env import cache_root
+
+    base = cache_root()
     key = "\0".join([SOURCE, " ".join(FLAGS), sys.platform, platform.machine(), _cpu()])
     return base / "prep" / f"kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
 

@@ -25,13 +25,14 @@ def pytest_configure(config: pytest.Config) -> None:
     workers inherit its environment, and would take its BLAS threads for the user's. The
     first process (controller, or the only one) names the file where every launch that mpirun
     failed to start, and that was launched again, is noted (:func:`pytest_terminal_summary`)."""
-    if not hasattr(config, "workerinput"):
-        fd, path = tempfile.mkstemp(prefix="tmpi-retries-", suffix=".log")
-        os.close(fd)
-        os.environ[RETRY_LOG_ENV] = config.stash[_RETRY_LOG] = path
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput"):  # an xdist worker
+        configure()
         return
-    configure()
+    fd, path = tempfile.mkstemp(prefix="tmpi-retries-", suffix=".log")
+    os.close(fd)
+    os.environ[RETRY_LOG_ENV] = config.stash[_RETRY_LOG] = path
+    if not getattr(config.option, "numprocesses", None):  # no workers: this process tests
+        configure()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

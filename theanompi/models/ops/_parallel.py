@@ -44,6 +44,7 @@ _IMPORT_LOCK = threading.Lock()
 TURN_LOCK = ".theanompi-compile.lock"
 #: in the compile dir: PyTensor's compiler probes, for the processes that come later
 PROBES_FILE = "theanompi-compiler-probes.json"
+_probes_kept = False  # this process has checked the file against its own probes
 
 
 def compile_workers() -> int:
@@ -184,39 +185,59 @@ def _probes_key() -> dict[str, str]:
     }
 
 
-def load_compiler_probes(compiledir: str | os.PathLike[str]) -> bool:
-    """Take the ``-march`` flags and OpenMP support that an earlier process of this node found
-    (:func:`save_compiler_probes`), so PyTensor skips its two ``g++`` probes; returns whether
-    they were there. A file for another compiler, or unreadable, is ignored."""
+def _probes() -> tuple[Any, Any]:
+    """This process's probe results, ``(march_flags, gxx_support_openmp)`` (None: not run)."""
     from pytensor.link.c.cmodule import GCC_compiler
     from pytensor.link.c.op import OpenMPOp
 
+    return GCC_compiler.march_flags, OpenMPOp.gxx_support_openmp
+
+
+def _saved_probes(path: Path) -> tuple[list[str], bool] | None:
+    """The probe results in ``path`` when they were found with this compiler, else None."""
     try:
-        saved = json.loads((Path(compiledir) / PROBES_FILE).read_text())
-        if saved["key"] != _probes_key():
-            return False
+        saved = json.loads(path.read_text())
         march, openmp = saved["march_flags"], saved["openmp"]
+        ok = saved["key"] == _probes_key() and isinstance(openmp, bool)
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    if not (isinstance(march, list) and all(isinstance(f, str) for f in march)):
+        return None
+    if not (ok and isinstance(march, list) and all(isinstance(f, str) for f in march)):
+        return None
+    return march, openmp
+
+
+def load_compiler_probes(compiledir: str | os.PathLike[str]) -> bool:
+    """Take the ``-march`` flags and OpenMP support that an earlier process of this node found
+    (:func:`save_compiler_probes`), so PyTensor skips its two ``g++`` probes; returns whether
+    this process has them now. A file for another compiler, or unreadable, is ignored. Reads
+    the file only while this process lacks them (once, not per compiled function)."""
+    from pytensor.link.c.cmodule import GCC_compiler
+    from pytensor.link.c.op import OpenMPOp
+
+    if None not in _probes():
+        return True
+    saved = _saved_probes(Path(compiledir) / PROBES_FILE)
+    if saved is None:
         return False
     if GCC_compiler.march_flags is None:
-        GCC_compiler.march_flags = march
-    if OpenMPOp.gxx_support_openmp is None and isinstance(openmp, bool):
-        OpenMPOp.gxx_support_openmp = openmp
+        GCC_compiler.march_flags = saved[0]
+    if OpenMPOp.gxx_support_openmp is None:
+        OpenMPOp.gxx_support_openmp = saved[1]
     return True
 
 
 def save_compiler_probes(compiledir: str | os.PathLike[str]) -> None:
-    """Keep this process's probe results in the compile dir once PyTensor has run both."""
-    from pytensor.link.c.cmodule import GCC_compiler
-    from pytensor.link.c.op import OpenMPOp
-
+    """Keep this process's probe results in the compile dir once PyTensor has run both,
+    replacing a file that another compiler's probes wrote (it would never be read again)."""
     from theanompi.io.atomic import atomic_write
 
+    global _probes_kept
+    march, openmp = _probes()
+    if _probes_kept or march is None or openmp is None:
+        return
     path = Path(compiledir) / PROBES_FILE
-    march, openmp = GCC_compiler.march_flags, OpenMPOp.gxx_support_openmp
-    if march is None or openmp is None or path.exists():
+    _probes_kept = True  # one look per process: it is there now, or cannot be written
+    if _saved_probes(path) is not None:
         return
     text = json.dumps({"key": _probes_key(), "march_flags": march, "openmp": bool(openmp)})
     try:
