@@ -66,6 +66,9 @@ COMPILE_ONCE = textwrap.dedent(
     ours = []  # modules this process compiled in its turn (the parallel precompile)
     real = _parallel.precompile
     _parallel.precompile = lambda fg, workers=None: ours.append(real(fg, 2)) or ours[-1]
+    # variables made before the graph shift the names in a fused Op's pickled inner graph,
+    # as a different history of a real process would
+    made_before = [pt.scalar() for _ in range(int(sys.argv[1]))]
     x, z = pt.matrix("x"), pt.tensor3("z")  # several C modules (elemwise, reduction, gemm)
     outs = [pt.exp(x) * 2 + 1, (z * 3).sum(axis=1), pt.tanh(x).T @ x]
     comm.Barrier()
@@ -77,7 +80,8 @@ COMPILE_ONCE = textwrap.dedent(
     ref = [np.exp(a) * 2 + 1, (c * 3).sum(axis=1), np.tanh(a).T @ a]
     ok = all(np.allclose(o, r, rtol=1e-5) for o, r in zip(f(a, c), ref))
     linked = get_module_cache().stats[2]  # compiled by PyTensor's own link (not ours)
-    rows = comm.gather((comm.Get_rank(), sum(ours), linked, took, ok))
+    walked = get_module_cache().walked  # unpickled every key.pkl of the cache
+    rows = comm.gather((comm.Get_rank(), sum(ours), linked, took, ok, walked))
     if comm.Get_rank() == 0:
         for row in rows:
             print(*row)
@@ -85,11 +89,11 @@ COMPILE_ONCE = textwrap.dedent(
 )
 
 
-def _compile_once_rows(mpirun, tmp_path) -> list[list[str]]:
+def _compile_once_rows(mpirun, tmp_path, made_before: int = 0) -> list[list[str]]:
     script = tmp_path / "compile_once.py"
     script.write_text(COMPILE_ONCE)
     env = {"THEANOMPI_CACHE": str(tmp_path / "cache"), "PYTENSOR_FLAGS": ""}  # a cold cache
-    out = mpirun(3, [script], env=env, timeout=300)
+    out = mpirun(3, [script, str(made_before)], env=env, timeout=300)
     return [line.split() for line in out.stdout.strip().splitlines()]
 
 
@@ -99,13 +103,38 @@ def test_a_nodes_ranks_compile_each_module_once_and_never_wait_on_a_warm_cache(
 ) -> None:
     """3 ranks of one node build the same cold graph at once: one of them compiles its modules
     in its turn, the others wait at the lock and then load them, compiling none; a second job
-    on the warm cache compiles nothing, and every rank computes what numpy does."""
+    on the warm cache compiles nothing and reads no module's key beyond those it needs (the
+    index); every rank computes what numpy does."""
     cold = _compile_once_rows(mpirun, tmp_path)
-    assert all(ok == "True" for *_, ok in cold), cold
-    compiled = sorted(int(c) for _, c, _, _, _ in cold)
+    assert all(ok == "True" for *_, ok, _ in cold), cold
+    compiled = sorted(int(c) for _, c, *_ in cold)
     assert compiled[:2] == [0, 0] and compiled[2] >= 2, cold  # one rank compiled them all
-    assert all(int(linked) == 0 for _, _, linked, _, _ in cold), cold  # none left to the link
-    warm = _compile_once_rows(mpirun, tmp_path)
-    assert all(ok == "True" for *_, ok in warm), warm
-    assert all(int(c) == 0 and int(linked) == 0 for _, c, linked, _, _ in warm), warm
+    assert all(int(linked) == 0 for _, _, linked, *_ in cold), cold  # none left to the link
+    warm = _compile_once_rows(mpirun, tmp_path, made_before=7)
+    assert all(ok == "True" and walked == "False" for *_, ok, walked in warm), warm
+    assert all(int(c) == 0 and int(linked) == 0 for _, c, linked, *_ in warm), warm
     assert len(list((tmp_path / "cache" / "pytensor").iterdir())) == 1  # one dir for the node
+
+
+@pytest.mark.mpi
+def test_a_wrong_or_missing_compile_cache_index_costs_one_walk(mpirun, tmp_path) -> None:
+    """The index is a hint: with every line pointing at another module's folder, a garbage
+    line, or no index (a cache of an older version), a job walks the cache once, compiles
+    nothing and computes what numpy does; the job after it walks no more."""
+    _compile_once_rows(mpirun, tmp_path)
+    (index,) = (tmp_path / "cache" / "pytensor").glob("*/*/theanompi-key-index.txt")
+    lines = index.read_text().split("\n")[:-1]
+    folders = sorted({line.split()[1] for line in lines})
+    assert len(folders) >= 3, lines
+    shifted = {f: folders[(i + 1) % len(folders)] for i, f in enumerate(folders)}
+    wrong = [f"{name} {shifted[folder]}" for name, folder in (line.split() for line in lines)]
+    for text in ["\n".join(wrong + ["garbage", "m00 ../escape", ""]), None]:
+        if text is None:
+            index.unlink()
+        else:
+            index.write_text(text)
+        healed = _compile_once_rows(mpirun, tmp_path)
+        assert all(ok == "True" for *_, ok, _ in healed), healed
+        assert all(int(c) == 0 and int(linked) == 0 for _, c, linked, *_ in healed), healed
+        again = _compile_once_rows(mpirun, tmp_path, made_before=7)
+        assert all(ok == "True" and walked == "False" for *_, ok, walked in again), again

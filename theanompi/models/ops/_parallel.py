@@ -29,6 +29,7 @@ from typing import Any
 from pytensor.link.vm import VMLinker
 
 from theanompi.io import startup_trace
+from theanompi.models.ops import _key_index
 
 __all__ = [
     "ParallelCVMLinker",
@@ -75,7 +76,7 @@ def _job(node: Any, cache: Any) -> tuple[Any, Any, str] | None:
     if not key[0] or cache._get_from_key(key) is not None:
         return None  # unversioned (PyTensor keeps those per process) or cached
     module_hash = get_module_hash(cl.get_src_code(), key)
-    if module_hash in cache.module_hash_to_key_data:
+    if _key_index.has_module_hash(cache, module_hash):
         return None  # the same code under another key: PyTensor links it without compiling
     return cl, key, module_hash
 
@@ -163,7 +164,7 @@ def precompile(fgraph: Any, workers: int | None = None) -> int:
         with lock_ctx():
             for h, module in modules.items():
                 key = jobs[h][1]
-                if cache._get_from_key(key) is not None or h in cache.module_hash_to_key_data:
+                if cache._get_from_key(key) is not None or _key_index.has_module_hash(cache, h):
                     continue  # PyTensor's own link in another process got there first
                 cache.module_from_name[module.__file__] = module
                 cache.module_hash_to_key_data[h] = cache._add_to_cache(module, key, h)
@@ -259,6 +260,7 @@ class ParallelCVMLinker(VMLinker):
         from pytensor.configdefaults import config
 
         t0 = time.perf_counter()
+        _key_index.install()
         load_compiler_probes(config.compiledir)
         try:
             precompile(self.fgraph)
