@@ -1,13 +1,16 @@
-"""Fault injection for tests: ``THEANOMPI_FAIL=<where>:<rank>:<step>`` makes that rank raise.
+"""Fault injection for tests: ``THEANOMPI_FAIL=<where>:<rank>:<step>`` makes that rank fail.
 
 ``where`` is ``step`` (the training loop, main thread) or ``loader`` (the
-prefetch thread, while producing that step's batch). Used by the failure tests
-to check that one raising rank stops the whole job with one line.
+prefetch thread, while producing that step's batch): the rank raises. Used by the failure
+tests to check that one raising rank stops the whole job with one line. ``kill`` (at the
+``step`` point) makes the rank SIGKILL itself there: a real signal at a known step, where a
+kill from outside, timed by the job's output, can land steps late while mpirun's relay lags.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 __all__ = ["InjectedFailure", "fault_point"]
 
@@ -19,10 +22,15 @@ class InjectedFailure(RuntimeError):
 
 
 def fault_point(where: str, rank: int, step: int) -> None:
-    """Raise :class:`InjectedFailure` when ``$THEANOMPI_FAIL`` is ``f"{where}:{rank}:{step}"``."""
+    """Raise :class:`InjectedFailure` when ``$THEANOMPI_FAIL`` is ``f"{where}:{rank}:{step}"``
+    (SIGKILL this process when it is ``f"kill:{rank}:{step}"`` and ``where`` is ``step``)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
     parts = spec.split(":")
-    if len(parts) == 3 and parts[0] == where and parts[1] == str(rank) and parts[2] == str(step):
+    if len(parts) != 3 or parts[1] != str(rank) or parts[2] != str(step):
+        return
+    if parts[0] == where:
         raise InjectedFailure(f"injected failure in {where} at step {step} ({ENV}={spec})")
+    if parts[0] == "kill" and where == "step":
+        os.kill(os.getpid(), signal.SIGKILL)

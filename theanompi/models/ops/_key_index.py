@@ -163,6 +163,8 @@ class IndexedModuleCache(cmodule.ModuleCache):
 
     def _get_from_hash(self, module_hash: str, key: Any) -> Any:
         self.has_module_hash(module_hash)
+        if key in self.entry_from_key:  # the folder found by its hash holds this very key
+            return super()._get_from_key(key)  # (PyTensor's would add it again, and assert)
         return super()._get_from_hash(module_hash, key)
 
     def _update_mappings(self, key: Any, key_data: Any, name: str, check_in_keys: bool) -> None:
