@@ -68,6 +68,9 @@ JobAcctGatherType=jobacct_gather/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# two nodes, one job at a time: a pass every 2 s (defaults 60 s and 30 s) starts a requeued
+# job when its hold ends, not up to half a minute later
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
