@@ -201,3 +201,16 @@ def test_cli_eval_labels_count_mismatch_one_line_under_n2(cli, mlp_run, tmp_path
 def test_cli_eval_without_checkpoint(cli, mlp_run, tmp_path) -> None:
     line = _one_error_line(cli(*_eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"])), 3)
     assert "no checkpoint" in line
+
+
+@pytest.mark.mpi
+def test_cli_eval_without_checkpoint_under_n2_is_our_line_alone(cli, mlp_run, tmp_path) -> None:
+    """Under ``-n 2`` the ranks' one line is all of stderr: mpirun's "exited with non-zero
+    status" box, which only repeats it, is dropped (``THEANOMPI_MPI_BANNERS=1`` shows it)."""
+    args = _eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"], "-n", "2")
+    out = cli(*args)
+    line = _one_error_line(out, 3)
+    assert "no checkpoint" in line
+    assert [ln for ln in out.stderr.splitlines() if ln.strip()] == [line], out.stderr
+    shown = cli(*args, env={"THEANOMPI_MPI_BANNERS": "1"})
+    assert shown.returncode == 3 and "exited with non-zero status" in shown.stderr, shown.stderr

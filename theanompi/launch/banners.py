@@ -39,6 +39,8 @@ STOPPED_BANNER = re.compile(
     % (STOP_SIGNAL, signal.SIGTERM, signal.SIGKILL),
     re.S,
 )
+# mpirun's banner when a rank exited non-zero: it only repeats a rank's own one-line error
+EXITED_BANNER = re.compile(rb"exited with non-zero status")
 # mpirun's banner when it could not start at all: its PMIx server's listener did not come up
 # (transient: seen once in a whole CI run, on a refused rerun's launch); no rank ran, so the
 # same launch is tried again

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from theanompi.launch.banners import SIGNALED, STOPPED_BANNER, lost_host
+from theanompi.launch.banners import EXITED_BANNER, SIGNALED, STOPPED_BANNER, lost_host
 from theanompi.launch.launcher_watch import PLACE_TAG
 
 __all__ = ["BANNERS_ENV", "HOLD_S", "TERMINAL_ENV", "OutputFilter", "live_output"]
@@ -132,6 +132,7 @@ class OutputFilter:
         self.stopping = False  # a stop was asked (SIGINT, SIGTERM, SIGHUP)
         self.lost: str | None = None  # the first host lost; it outranks a rank's signal
         self.killed = False  # mpirun reported a rank killed by a signal (not a stop we asked)
+        self.said_error = False  # a rank printed its one-line error ("tmpi: error...")
         self.tail: list[str] = []
         self.placed: dict[int, str] = {}  # rank -> host, as the ranks reported (watch_launcher)
         self.rank_pids: dict[int, int] = {}  # rank -> pid on its host, as the ranks reported
@@ -199,6 +200,8 @@ class OutputFilter:
         with self.lock:
             self.tail.append(line.decode(errors="replace"))
             del self.tail[:-_TAIL_LINES]
+        if start and line.startswith(b"tmpi: error"):
+            self.said_error = True
         if self.stopping and b"PMIX_ERR_UNREACH" in line:
             return None  # mpirun's noise about ranks that stopped as asked
         if start and not self.banners and _ABORT_DELAY.match(line):
@@ -210,8 +213,11 @@ class OutputFilter:
                 return None
             text = b"".join(st.banner)
             st.banner.clear()
-            if not self.banners and _PEER_GONE.search(text):
-                with self.lock:  # the survivors' view of a killed rank: explained at exit
+            exited = not self.stopping and EXITED_BANNER.search(text)
+            if not self.banners and (_PEER_GONE.search(text) or exited):
+                # the survivors' view of a killed rank, or a rank's exit that its own error
+                # line may explain (it can reach us after the banner): decided at release
+                with self.lock:
                     self.held.append((time.monotonic(), st.out, text))
                 return None
             return self._banner(text)
@@ -246,10 +252,12 @@ class OutputFilter:
     def release(self, older_than: float | None) -> None:
         """Print the held MPI error reports (those held ``older_than`` s; None: all), or
         drop them once a lost host or a killed rank explains them (the survivors' "Socket
-        closed")."""
+        closed"), and mpirun's exit box once a rank's one-line error did."""
         with self.lock:
             if (self.lost or self.killed) and not self.banners:
                 self.held.clear()
+            if self.said_error:  # mpirun's box after a rank's one line says nothing more
+                self.held = [h for h in self.held if not EXITED_BANNER.search(h[2])]
             now = time.monotonic()
             while self.held and (older_than is None or now - self.held[0][0] >= older_than):
                 _, out, data = self.held.pop(0)
