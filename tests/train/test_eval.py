@@ -204,13 +204,27 @@ def test_cli_eval_without_checkpoint(cli, mlp_run, tmp_path) -> None:
 
 
 @pytest.mark.mpi
-def test_cli_eval_without_checkpoint_under_n2_is_our_line_alone(cli, mlp_run, tmp_path) -> None:
-    """Under ``-n 2`` the ranks' one line is all of stderr: mpirun's "exited with non-zero
-    status" box, which only repeats it, is dropped (``THEANOMPI_MPI_BANNERS=1`` shows it)."""
-    args = _eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"], "-n", "2")
-    out = cli(*args)
+def test_cli_eval_without_checkpoint_under_n2_is_one_line_before_mpirun(
+    cli, mlp_run, tmp_path
+) -> None:
+    """Nothing to evaluate is found by the launcher: its line alone, and no rank started."""
+    out = cli(*_eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"], "-n", "2"))
     line = _one_error_line(out, 3)
     assert "no checkpoint" in line
     assert [ln for ln in out.stderr.splitlines() if ln.strip()] == [line], out.stderr
+    assert "ranks on" not in out.stdout, out.stdout  # mpirun never placed a rank
+
+
+@pytest.mark.mpi
+def test_cli_eval_rank_error_under_n2_is_our_line_alone(cli, mlp_run, tmp_path) -> None:
+    """A mistake only the ranks find (a checkpoint of another model): their one line is all of
+    stderr; mpirun's "exited with non-zero status" box, which only repeats it, is dropped
+    (``THEANOMPI_MPI_BANNERS=1`` shows it)."""
+    _mlp_checkpoint(tmp_path, [16])  # trained with hidden [16]; the YAML says [32]
+    args = _eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"], "-n", "2")
+    out = cli(*args)
+    line = _one_error_line(out, 2)
+    assert "'fc1.W'" in line, line
+    assert [ln for ln in out.stderr.splitlines() if ln.strip()] == [line], out.stderr
     shown = cli(*args, env={"THEANOMPI_MPI_BANNERS": "1"})
-    assert shown.returncode == 3 and "exited with non-zero status" in shown.stderr, shown.stderr
+    assert shown.returncode == 2 and "exited with non-zero status" in shown.stderr, shown.stderr

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -79,13 +79,27 @@ def evaluate(
         },
     )
     cfg = load_config(config, model, over)  # validate before starting any MPI job
-    _relaunch_if_asked(
-        n, hostfile, hosts, mpi_args, before=lambda placement: _check_data(cfg, ("val",), placement)
-    )
+
+    def before(placement: Any) -> None:  # what the launcher checks before mpirun starts
+        _check_data(cfg, ("val",), placement)
+        _check_checkpoint(cfg, checkpoint, placement)
+
+    _relaunch_if_asked(n, hostfile, hosts, mpi_args, before=before)
     _start(n)
     from theanompi.train.evaluate import run
 
     run(cfg, checkpoint=checkpoint, per_class=per_class, save_predictions=save_predictions)
+
+
+def _check_checkpoint(cfg: Any, checkpoint: Path | None, placement: Any) -> None:
+    """The launcher's check that there is a checkpoint to evaluate (exit 3, one line, before
+    any rank starts); across hosts a path missing here is left to the ranks' own check."""
+    from theanompi.train.evaluate import resolve_checkpoint
+
+    where = Path(checkpoint) if checkpoint else Path(cfg.output.checkpoint_dir)
+    if placement.hosts and not where.exists():
+        return
+    resolve_checkpoint(cfg, checkpoint)
 
 
 _PANELS = {

@@ -202,8 +202,8 @@ class OutputFilter:
             del self.tail[:-_TAIL_LINES]
         if start and line.startswith(b"tmpi: error"):
             self.said_error = True
-        if self.stopping and b"PMIX_ERR_UNREACH" in line:
-            return None  # mpirun's noise about ranks that stopped as asked
+        if (self.stopping or self.said_error) and b"PMIX_ERR_UNREACH" in line:
+            return None  # mpirun's noise about ranks that stopped as asked or as they said
         if start and not self.banners and _ABORT_DELAY.match(line):
             return None  # our own mpi_abort_delay's notice
         opens = start and line.startswith(b"-----")

@@ -30,6 +30,7 @@ __all__ = [
     "load_model_checkpoint",
     "report_path",
     "predictions_path",
+    "resolve_checkpoint",
     "format_table",
     "collective",
 ]
@@ -71,7 +72,9 @@ def load_model_checkpoint(model: Any, checkpoint: str | Path, model_name: str | 
     return ckpt
 
 
-def _resolve_checkpoint(cfg: Any, checkpoint: str | Path | None) -> Path:
+def resolve_checkpoint(cfg: Any, checkpoint: str | Path | None) -> Path:
+    """The checkpoint to evaluate: ``checkpoint``, or the latest of the run; one clear
+    :class:`DataError` where there is none (the launcher checks it before mpirun starts)."""
     from theanompi.io.checkpoint import latest_checkpoint
 
     if checkpoint is not None:
@@ -142,7 +145,7 @@ def _setup(
     """Checkpoint path, val loader, compiled model with the checkpoint loaded, checkpoint."""
     from theanompi.data import ValLoader
 
-    ckpt_path = _resolve_checkpoint(cfg, checkpoint)
+    ckpt_path = resolve_checkpoint(cfg, checkpoint)
     _check_val_folder(cfg)
     loader = ValLoader(cfg, rank, size)
     if model is None:
