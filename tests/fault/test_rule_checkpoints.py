@@ -48,18 +48,23 @@ def _train(n: int, argv: list[str]) -> str:
     return out.stdout
 
 
-def _kill_mid_epoch(n: int, argv: list[str], line: str, victim: int) -> int:
-    """Run until ``line``, SIGKILL rank ``victim``; the last step the record holds."""
-    with Job(mpirun_argv(n, *argv)) as job:
-        job.wait_for(line, timeout=180)
-        job.kill(job.rank_pid(victim), signal.SIGKILL)
-        out = job.wait(timeout=60)
+def _last_step_of_failed(out, argv: list[str]) -> int:
+    """The last step the record of the run in ``argv`` holds, once its job failed (``out``)."""
     assert out.returncode != 0, out.stdout[-2000:]
     return max(
         r["step"]
         for r in read_record(Path(argv[argv.index("--run-dir") + 1]))
         if r["kind"] == "step"
     )
+
+
+def _kill_mid_epoch(n: int, argv: list[str], line: str, victim: int) -> int:
+    """Run until ``line``, SIGKILL rank ``victim``; the last step the record holds."""
+    with Job(mpirun_argv(n, *argv)) as job:
+        job.wait_for(line, timeout=180)
+        job.kill(job.rank_pid(victim), signal.SIGKILL)
+        out = job.wait(timeout=60)
+    return _last_step_of_failed(out, argv)
 
 
 def _self_kill_at(n: int, argv: list[str], victim: int, step: int) -> int:
@@ -68,12 +73,7 @@ def _self_kill_at(n: int, argv: list[str], victim: int, step: int) -> int:
     can land after the run's end, when mpirun's relay lags behind a loaded machine."""
     with Job(mpirun_argv(n, *argv), env={"THEANOMPI_FAIL": f"kill:{victim}:{step - 1}"}) as job:
         out = job.wait(timeout=180)
-    assert out.returncode != 0, out.stdout[-2000:]
-    return max(
-        r["step"]
-        for r in read_record(Path(argv[argv.index("--run-dir") + 1]))
-        if r["kind"] == "step"
-    )
+    return _last_step_of_failed(out, argv)
 
 
 def _resume(n: int, argv: list[str], every: int, done: int, per_epoch: int) -> tuple[int, str]:

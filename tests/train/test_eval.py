@@ -173,6 +173,13 @@ def _one_error_line(out, code: int) -> str:
     return lines[0]
 
 
+def _only_error_line(out, code: int) -> str:
+    """Like :func:`_one_error_line`, and that line is all of stderr (no mpirun box or noise)."""
+    line = _one_error_line(out, code)
+    assert [ln for ln in out.stderr.splitlines() if ln.strip()] == [line], out.stderr
+    return line
+
+
 def test_cli_eval_checkpoint_of_another_model_names_the_parameter(cli, mlp_run, tmp_path) -> None:
     _mlp_checkpoint(tmp_path, [16])  # trained with hidden [16]; the YAML says [32]
     out = cli(*_eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"]))
@@ -209,9 +216,8 @@ def test_cli_eval_without_checkpoint_under_n2_is_one_line_before_mpirun(
 ) -> None:
     """Nothing to evaluate is found by the launcher: its line alone, and no rank started."""
     out = cli(*_eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"], "-n", "2"))
-    line = _one_error_line(out, 3)
+    line = _only_error_line(out, 3)
     assert "no checkpoint" in line
-    assert [ln for ln in out.stderr.splitlines() if ln.strip()] == [line], out.stderr
     assert "ranks on" not in out.stdout, out.stdout  # mpirun never placed a rank
 
 
@@ -223,8 +229,7 @@ def test_cli_eval_rank_error_under_n2_is_our_line_alone(cli, mlp_run, tmp_path) 
     _mlp_checkpoint(tmp_path, [16])  # trained with hidden [16]; the YAML says [32]
     args = _eval_args(mlp_run["data"], tmp_path, mlp_run["yaml"], "-n", "2")
     out = cli(*args)
-    line = _one_error_line(out, 2)
+    line = _only_error_line(out, 2)
     assert "'fc1.W'" in line, line
-    assert [ln for ln in out.stderr.splitlines() if ln.strip()] == [line], out.stderr
     shown = cli(*args, env={"THEANOMPI_MPI_BANNERS": "1"})
     assert shown.returncode == 2 and "exited with non-zero status" in shown.stderr, shown.stderr

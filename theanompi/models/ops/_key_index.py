@@ -50,7 +50,7 @@ class IndexedModuleCache(cmodule.ModuleCache):
         super().__init__(dirname, **kwargs)
         self.index_path = self.dirname / INDEX_FILE
         self._index: dict[str, str] | None = None  # name -> module folder
-        self._noted: set[str] = set()  # names this process checked in the index
+        self._noted: set[str] = set()  # names (and module files) this process checked
         self._first_digest: dict[Any, str | None] = {}  # key -> its digest when first asked
         self.walked = False  # a full refresh ran: the age clean-up at exit may run too
 
