@@ -58,6 +58,9 @@ train: venv
 eval: venv
 	$(TMPI) eval -n $(N) --config $(CONFIG) --model $(MODEL) --data $(DATA) --run-dir $(EVAL_RUN)
 
+# make demo owns make train's default run: run again, it finds the run trained and evaluates
+# it again (RESUME=1: nothing left to train; an interrupted one trains to its end)
+demo: RESUME = $(if $(wildcard $(TRAIN_RUN)/checkpoints/epoch_*.npz),1)
 demo: data train eval
 
 # Bytecode written (an empty PYTHONDONTWRITEBYTECODE is unset): where the environment sets it,
@@ -83,7 +86,7 @@ test-quick: venv
 # The simulated Slurm cluster's tests (root; installs slurm-wlm and munge where missing), with
 # the `scancel --signal=USR1 --full` one that `make test` skips (docs/cluster.md#slurm)
 test-slurm: venv
-	THEANOMPI_SLURM_FULL=1 $(PYTEST) tests/cluster/test_slurm.py tests/launch/test_slurm.py
+	$(PYTEST) tests/cluster/test_slurm.py tests/launch/test_slurm.py
 
 test-mpi: venv
 	$(MPIRUN) -n 2 sh -c 'if [ "$$OMPI_COMM_WORLD_RANK" = 0 ]; then exec $(PYTEST) tests/exchange; \

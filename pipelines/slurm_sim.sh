@@ -23,6 +23,7 @@ CPUS=${SLURM_SIM_CPUS:-2}     # CPUs each simulated node offers (the ranks per n
 # cred_expire also sets how long a requeued job waits (Reason=BeginTime) before it may start
 # again: 120 s by default, 10 s here
 CRED_EXPIRE=${SLURM_SIM_CRED_EXPIRE:-10}
+GRACE=${SLURM_SIM_GRACE:-30}  # s a preempted job has between SIGTERM and SIGKILL
 
 usage() { echo "usage: $0 up DIR | down DIR" >&2; exit 2; }
 say() { echo "slurm_sim: $*" >&2; }
@@ -83,7 +84,12 @@ JobCompLoc=$dir/jobcomp.txt
 AccountingStorageType=accounting_storage/none
 NodeName=${NODES[0]} NodeAddr=${ADDR[0]} CPUs=$CPUS State=UNKNOWN
 NodeName=${NODES[1]} NodeAddr=${ADDR[1]} CPUs=$CPUS State=UNKNOWN
-PartitionName=sim Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
+# a shared cluster's preemption: a job in 'urgent' (the higher PriorityTier) takes the nodes of
+# a 'sim' job, which gets SIGTERM, GraceTime s to stop, SIGKILL, and goes back to the queue
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=sim Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$GRACE
+PartitionName=urgent Nodes=${NODES[0]},${NODES[1]} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
   cat >"$dir/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
@@ -133,7 +139,7 @@ start_daemons() {
   done
   export SLURM_CONF=$dir/slurm.conf
   for _ in $(seq 150); do
-    if [ "$(sinfo -h -N -o '%t' 2>/dev/null | grep -c '^idle')" = 2 ]; then return 0; fi
+    if [ "$(sinfo -h -N -p sim -o '%t' 2>/dev/null | grep -c '^idle')" = 2 ]; then return 0; fi
     sleep 0.2
   done
   say "the nodes did not come up idle: $(sinfo -N 2>&1 | tr '\n' ' ')"

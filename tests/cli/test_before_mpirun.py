@@ -82,3 +82,23 @@ def test_config_that_does_not_fit_the_data_is_refused_before_mpirun(cli, tmp_pat
     out = _train(cli, tmp_path / "run", "--data", str(data))
     line = only_line(out, 2)
     assert "data.image_size=32 but" in line and "pass --set data.image_size=24" in line
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        (["--model", "alexnet"], "model.input_size=227 exceeds data.image_size=32"),
+        (["--model", "digits", "--set", "model.channels=1"], "model.channels=1 but the data has 3"),
+        (["--model", "digits", "--set", "model.n_classes=5"], "labels go up to 9 but model.n_cl"),
+    ],
+    ids=["input-size", "channels", "classes"],
+)
+def test_a_model_whose_input_does_not_fit_the_data_is_refused_before_mpirun(
+    cli, digits_data: Path, tmp_path: Path, model: list[str], says: str
+) -> None:
+    """Real prep output (the digits): the model's input size, channels and classes are held
+    against its manifest, mean image and labels in the launcher."""
+    run = tmp_path / "run"
+    out = cli("train", "-n", "2", *model, "--data", str(digits_data), "--run-dir", str(run))
+    assert says in only_line(out, 2)
+    assert not run.exists(), "the launcher's checks write nothing"

@@ -84,6 +84,7 @@ def test_a_config_error_in_the_script_is_one_line_exit_2(cli, tmp_path: Path) ->
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert _errors(proc.stderr) == ["tmpi: error: command line: model.n_epochs must be >= 1, got 0"]
     assert "Traceback" not in proc.stderr
+    assert "-----" not in proc.stderr and "prterun" not in proc.stderr, "no line of mpirun's box"
 
 
 def test_a_rank_that_raises_ends_the_job_with_one_line(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """On a simulated two-node Slurm cluster (``pipelines/slurm_sim.sh``): a user's plain batch script
-trains across both nodes, and SIGUSR1 (Slurm's preemption/time-limit warning) ends in a
-checkpoint, a requeue by the job itself and a resumed run with the same final parameters."""
+(no ``exec``, no ``trap``) trains across both nodes, and each way a cluster interrupts it ends
+in a checkpoint, a requeue and a resumed run to the last epoch: SIGUSR1 to the job's steps
+(``--signal=USR1@T``, ``scancel --signal=USR1``), SIGUSR1 to every process of the job, the
+batch script included (``scancel --full``), and preemption by a job of a higher-priority
+partition (SIGTERM, GraceTime, requeue)."""
 
 from __future__ import annotations
 
@@ -98,64 +101,94 @@ def _params(checkpoint: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files if k != "meta"}
 
 
-def test_batch_script_preempted_requeues_itself_and_resumes_to_the_same_parameters(
-    slurm: dict[str, str], digits_data: Path, tmp_path: Path
-) -> None:
-    script = tmp_path / "job.sh"  # the user's plain batch script: no trap, no exec
-    script.write_text(JOB.format(out=tmp_path, repo=REPO, data=digits_data, epochs=EPOCHS))
+@pytest.fixture(scope="module")
+def reference(
+    slurm: dict[str, str], digits_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, np.ndarray]:
+    """The final parameters of the plain script's run left alone."""
+    where = tmp_path_factory.mktemp("reference")
+    script = where / "job.sh"
+    script.write_text(JOB.format(out=where, repo=REPO, data=digits_data, epochs=EPOCHS))
+    job = _submit(slurm, script, where / "run")
+    done = _wait_done(slurm, job, where / f"{job}.out")
+    log = _text(where / f"{job}.out")
+    assert done["JobState"] == "COMPLETED", log
+    assert "4 ranks on 2 hosts: nodeA x2 (ranks 0-1), nodeB x2 (ranks 2-3)" in log
+    return _params(where / "run" / f"checkpoints/epoch_{EPOCHS:04d}.npz")
 
-    ref = _submit(slurm, script, tmp_path / "ref")  # uninterrupted
-    done = _wait_done(slurm, ref, tmp_path / f"{ref}.out")
-    ref_log = _text(tmp_path / f"{ref}.out")
-    assert done["JobState"] == "COMPLETED", ref_log
-    assert "4 ranks on 2 hosts: nodeA x2 (ranks 0-1), nodeB x2 (ranks 2-3)" in ref_log
 
-    job = _submit(slurm, script, tmp_path / "pre")
-    log = tmp_path / f"{job}.out"
+def _started(env: dict[str, str], data: Path, where: Path, epochs: int) -> tuple[str, Path]:
+    """The plain script submitted, once its second epoch is done: (job, its output file)."""
+    script = where / "job.sh"
+    script.write_text(JOB.format(out=where, repo=REPO, data=data, epochs=epochs))
+    job = _submit(env, script, where / "run")
+    log = where / f"{job}.out"
     end = time.monotonic() + 300
-    while "epoch 2/4 done" not in _text(log) and time.monotonic() < end:
+    while f"epoch 2/{epochs} done" not in _text(log) and time.monotonic() < end:
         time.sleep(0.2)
-    _run(slurm, "scancel", "--signal=USR1", job)  # what --signal=USR1@T sends
-    done = _wait_done(slurm, job, log)
+    return job, log
+
+
+def _resumed_to_the_end(env: dict[str, str], job: str, log: Path, epochs: int) -> str:
+    """The job's output, once it is COMPLETED after a requeue: it resumed from epoch 2's
+    checkpoint (mid-epoch or at its end), trained to the last epoch, and no mpirun box."""
+    done = _wait_done(env, job, log)
     text = _text(log)
-    assert done["JobState"] == "COMPLETED" and done["Restarts"] == "1", text
+    assert done["JobState"] == "COMPLETED" and int(done["Restarts"]) >= 1, text
     assert f"tmpi: requeued Slurm job {job}" in text
-    resumed = re.search(r"resumed from \S+/(epoch_0002_step_\d+)\.npz", text)
-    assert resumed, text  # the mid-epoch checkpoint written on the signal
-    assert f"epoch {EPOCHS}/{EPOCHS} done" in text
+    assert re.search(r"resumed from \S+/epoch_0002(_step_\d+)?\.npz", text), text
+    assert f"epoch {epochs}/{epochs} done" in text
+    assert "-----" not in text, text  # the ranks' own lines said it all
     err = float(re.findall(r"val loss \S+ top-1 err ([\d.]+)%", text)[-1])
     assert err <= 10.0, text
-    sacct = _run(slurm, "sacct", "-c", "-j", job, "-n", "-o", "state")
+    sacct = _run(env, "sacct", "-c", "-j", job, "-n", "-o", "state")
     assert sacct.split()[-1] == "COMPLETED", sacct
-
-    final = f"checkpoints/epoch_{EPOCHS:04d}.npz"
-    want, got = _params(tmp_path / "ref" / final), _params(tmp_path / "pre" / final)
-    assert want.keys() == got.keys()
-    assert all(np.array_equal(want[k], got[k]) for k in want), "resumed run differs"
+    return text
 
 
-@pytest.mark.skipif(
-    os.environ.get("THEANOMPI_SLURM_FULL") != "1",
-    reason="about 80 s more: `make test-slurm` runs it (THEANOMPI_SLURM_FULL=1)",
-)
-def test_full_usr1_kills_the_plain_script_and_the_launcher_requeues_the_job(
+def _same(reference: dict[str, np.ndarray], run: Path) -> None:
+    got = _params(run / f"checkpoints/epoch_{EPOCHS:04d}.npz")
+    assert reference.keys() == got.keys()
+    assert all(np.array_equal(reference[k], got[k]) for k in reference), "resumed run differs"
+
+
+def test_usr1_to_the_steps_checkpoints_requeues_and_resumes_to_the_same_parameters(
+    slurm: dict[str, str], reference: dict[str, np.ndarray], digits_data: Path, tmp_path: Path
+) -> None:
+    job, log = _started(slurm, digits_data, tmp_path, EPOCHS)
+    _run(slurm, "scancel", "--signal=USR1", job)  # what --signal=USR1@T sends
+    text = _resumed_to_the_end(slurm, job, log, EPOCHS)
+    assert re.search(r"resumed from \S+/epoch_0002_step_\d+\.npz", text), text  # the signal's
+    _same(reference, tmp_path / "run")
+
+
+def test_usr1_to_every_process_of_the_job_requeues_and_resumes_to_the_last_epoch(
     slurm: dict[str, str], digits_data: Path, tmp_path: Path
 ) -> None:
-    """``scancel --signal=USR1 --full`` also signals the untrapped batch script, which dies of
-    it (the job FAILED, ExitCode 0:10) and takes the steps with it: the launcher, which
-    outlives it here (proctrack/linuxproc), requeues the job, and the restart resumes from the
-    last epoch checkpoint to the end."""
-    script = tmp_path / "job.sh"
-    script.write_text(JOB.format(out=tmp_path, repo=REPO, data=digits_data, epochs=EPOCHS))
-    job = _submit(slurm, script, tmp_path / "full")
-    log = tmp_path / f"{job}.out"
-    end = time.monotonic() + 300
-    while "epoch 2/4 done" not in _text(log) and time.monotonic() < end:
-        time.sleep(0.2)
+    """``scancel --signal=USR1 --full`` kills the untrapped batch script, and the job ends
+    under the ranks: the launcher, which outlives the script here (proctrack/linuxproc; under
+    proctrack/cgroup Slurm kills it too, see docs/cluster.md), requeues the job once the ranks
+    have stopped (mpirun's daemons live on until Slurm's SIGKILL, KillWait later)."""
+    job, log = _started(slurm, digits_data, tmp_path, 12)
     _run(slurm, "scancel", "--signal=USR1", "--full", job)
-    done = _wait_done(slurm, job, log)
-    text = _text(log)
-    assert done["JobState"] == "COMPLETED" and done["Restarts"] == "1", text
-    assert "died of SIGUSR1" in text and f"tmpi: requeued Slurm job {job}" in text
-    assert re.search(r"resumed from \S+/epoch_0002\.npz", text), text
-    assert f"epoch {EPOCHS}/{EPOCHS} done" in text
+    _resumed_to_the_end(slurm, job, log, 12)
+
+
+def test_preemption_by_a_higher_priority_partition_resumes_to_the_same_parameters(
+    slurm: dict[str, str], reference: dict[str, np.ndarray], digits_data: Path, tmp_path: Path
+) -> None:
+    """A job of partition ``urgent`` (PriorityTier 2) needs a CPU of the training job's nodes:
+    Slurm sends the training job's steps SIGTERM (GraceTime=30 before SIGKILL); its ranks
+    stop at a step boundary with a checkpoint, the job goes back to the queue, the
+    preemptor runs, and the job resumes by itself to the same final parameters (BSP)."""
+    job, log = _started(slurm, digits_data, tmp_path, EPOCHS)
+    urgent = _run(
+        slurm, "sbatch", "--parsable", "-p", "urgent", "-N1", "-n1",
+        f"--output={tmp_path}/urgent.out", "--wrap", "hostname",
+    ).strip()  # fmt: skip
+    text = _resumed_to_the_end(slurm, job, log, EPOCHS)
+    assert re.search(r"resumed from \S+/epoch_0002_step_\d+\.npz", text), text
+    first = _job(slurm, urgent)
+    assert first["JobState"] == "COMPLETED", first
+    assert first["StartTime"] <= _job(slurm, job)["StartTime"], "the preemptor ran first"
+    _same(reference, tmp_path / "run")

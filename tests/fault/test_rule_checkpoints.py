@@ -91,6 +91,13 @@ def _resume(n: int, argv: list[str], every: int, done: int, per_epoch: int) -> t
     ), out[-2000:]
     redone = done - step
     assert 0 <= redone <= every, (done, step)
+    # the steps lost to the kill, as the record counts them (print_freq 1: each one)
+    start = [
+        r for r in read_record(Path(argv[argv.index("--run-dir") + 1])) if r["kind"] == "start"
+    ]
+    assert start[-1]["lost_steps"] == redone, start[-1]
+    said = f"{redone} step(s) after that checkpoint were lost" in out
+    assert said == (redone > 0), out[-2000:]
     return redone, out
 
 

@@ -178,3 +178,40 @@ def test_live_output_asks_open_mpi_5_for_raw_output() -> None:
     assert live_output(flaky) == flaky
     wrapped = [str(Path("/tmp/retry.sh")), *cmd]  # a wrapper in front: after the mpirun
     assert live_output(wrapped)[1:4] == [find_mpirun(), "--output", ":raw"]
+
+
+_DASHES = b"-" * 74 + b"\n"
+
+
+def test_slurm_ending_the_daemons_step_loses_the_other_hosts_ranks() -> None:
+    """mpirun's box when Slurm ends the job step of its daemons names no host (and mpirun
+    may exit 0): the run failed, on the host whose ranks were not mpirun's own."""
+    here = os.uname().nodename
+    tags = b"".join(
+        b"tmpi-placement: rank %d host %s pid %d\n" % (r, h.encode(), 100 + r)
+        for r, h in enumerate([here, here, "nodeB", "nodeB"])
+    )
+    box = (
+        _DASHES + b"srun returned non-zero exit status (36608) from launching\n"
+        b"the per-node daemon. You may debug this problem further\n" + _DASHES
+    )
+    _, err, _, attempt = _pumped([tags, box], gap=0.1)
+    assert err.data == b""
+    assert attempt.code == 1, attempt
+    assert attempt.failure.startswith("lost host nodeB (ranks 2-3): its mpirun daemon died")
+
+
+def test_the_box_of_ranks_that_stopped_for_a_requeue_is_dropped() -> None:
+    """Ranks stopped on Slurm's signal (not the launcher's) exit 75 after their own line with
+    the checkpoint: mpirun's box about that exit code says nothing more."""
+    line = b"[bsp] interrupted at epoch 3 step 34; last checkpoint: c.npz\n"
+    box = (
+        _DASHES + b"prterun detected that one or more processes exited with non-zero status,\n"
+        b"thus causing the job to be terminated. The first process to do so was:\n\n"
+        b"   Process name: [prterun-nodeA-16667@1,1]\n   Exit code:    75\n" + _DASHES
+    )
+    _, err, _, _ = _pumped([line, box], gap=0.1)
+    assert err.data == line
+    other = box.replace(b"75\n", b"1\n")
+    _, err, _, _ = _pumped([line, other], gap=0.1)
+    assert err.data == line + other, "another exit code's box stays"

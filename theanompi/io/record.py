@@ -106,6 +106,8 @@ class RecordWriter:
         self.path = Path(record_dir) / RECORD_NAME
         self.enabled = enabled
         self._fh = None
+        #: the last optimiser step the record held before a resume cut it back (0: none)
+        self.last_step = 0
         if not enabled:
             return
         try:
@@ -121,9 +123,12 @@ class RecordWriter:
         if keep_before_epoch is None:
             kept: list[dict[str, Any]] = []
         else:
+            old = read_record(self.path)
+            steps = [r["step"] for r in old if isinstance(r.get("step"), int)]
+            self.last_step = max(steps, default=0)
             kept = [
                 r
-                for r in read_record(self.path)
+                for r in old
                 if int(r.get("epoch", -1)) < keep_before_epoch or r.get("kind") == "start"
             ]
         with atomic_write(self.path) as tmp:

@@ -7,9 +7,11 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from theanompi.launch.launcher_watch import STOP_SIGNAL
+from theanompi.launch.slurm import EXIT_REQUEUED
 
 __all__ = [
     "SIGNALED",
+    "REQUEUED_BANNER",
     "STOPPED_BANNER",
     "failure_line",
     "lost_host",
@@ -32,12 +34,21 @@ _NODE_LOST = (
         re.S,
     ),
 )
+# under Slurm, mpirun starts its remote daemons as one job step (``srun ... prted``); when Slurm
+# ends that step (the job ended under it) mpirun says "srun returned non-zero exit status (N) from
+# launching the per-node daemon", naming no host, and may exit 0: every host but mpirun's is lost
+_DAEMON_STEP_ENDED = re.compile(r"srun returned non-zero exit status \(\d+\) from launching")
 # mpirun's banner when the ranks end as asked after a stop request: exit 130, or killed by the
 # stop signal itself (before they could install a handler) or by the hard stop
 STOPPED_BANNER = re.compile(
     rb"exited with non-zero status.*Exit code:\s+130\b|exited on\s+signal (%d|%d|%d) "
     % (STOP_SIGNAL, signal.SIGTERM, signal.SIGKILL),
     re.S,
+)
+# mpirun's banner when the ranks stopped on a signal sent to them (Slurm's preemption or
+# warning) and asked for a requeue: their own line says so, with the checkpoint
+REQUEUED_BANNER = re.compile(
+    rb"exited with non-zero status.*Exit code:\s+%d\b" % EXIT_REQUEUED, re.S
 )
 # mpirun's banner when a rank exited non-zero: it only repeats a rank's own one-line error
 EXITED_BANNER = re.compile(rb"exited with non-zero status")
@@ -63,8 +74,10 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-def lost_host(banner: str, placed: Mapping[int, str]) -> str | None:
-    """The host that mpirun's banner says was lost mid-run (its daemon died or it went down).
+def lost_host(banner: str, placed: Mapping[int, str], here: str = "") -> str | None:
+    """The host that mpirun's banner says was lost mid-run (its daemon died or it went down);
+    Slurm's end of the daemons' step loses the first host with ranks other than ``here``
+    (mpirun's).
 
     "failed to report back" also means a daemon that never started (no ssh, no install on
     that node): that banner, which says what to check, stays unless ranks ran there."""
@@ -72,6 +85,8 @@ def lost_host(banner: str, placed: Mapping[int, str]) -> str | None:
     m = lost.search(banner)
     if m:
         return m.group(1)
+    if _DAEMON_STEP_ENDED.search(banner):
+        return next((h for _, h in sorted(placed.items()) if h != here), None)
     m = report.search(banner)
     if m and m.group(1) in placed.values():
         return m.group(1)

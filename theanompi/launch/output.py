@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -12,7 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from theanompi.launch.banners import EXITED_BANNER, SIGNALED, STOPPED_BANNER, lost_host
+from theanompi.launch.banners import (
+    EXITED_BANNER,
+    REQUEUED_BANNER,
+    SIGNALED,
+    STOPPED_BANNER,
+    lost_host,
+)
 from theanompi.launch.launcher_watch import PLACE_TAG
 
 __all__ = ["BANNERS_ENV", "HOLD_S", "TERMINAL_ENV", "OutputFilter", "live_output"]
@@ -213,6 +220,8 @@ class OutputFilter:
                 return None
             text = b"".join(st.banner)
             st.banner.clear()
+            if not self.banners and REQUEUED_BANNER.search(text):
+                return None  # the ranks stopped on Slurm's signal; their line said where
             exited = not self.stopping and EXITED_BANNER.search(text)
             if not self.banners and (_PEER_GONE.search(text) or exited):
                 # the survivors' view of a killed rank, or a rank's exit that its own error
@@ -240,7 +249,7 @@ class OutputFilter:
         if self.stopping and STOPPED_BANNER.search(text):
             return None  # the ranks' 130 after the stop we asked for: not news
         decoded = text.decode(errors="replace")
-        lost = None if self.stopping else lost_host(decoded, self.placed)
+        lost = None if self.stopping else lost_host(decoded, self.placed, socket.gethostname())
         if lost and self.lost is None:
             self.lost = lost  # the first host lost; it outranks a rank's signal
         killed = not self.stopping and bool(SIGNALED.search(decoded))

@@ -147,21 +147,25 @@ def requeue_after_stop(code: int, env: Mapping[str, str] | None = None) -> int:
 
 def prted_agent_args() -> list[str]:
     """mpirun arguments that start its remote daemons (``srun ... prted``) through
-    ``python -m theanompi.launch.slurm prted``, which ignores SIGUSR1: Slurm signals every
-    process of a job step (``--signal=USR1@T``), and a daemon that dies of it loses its node.
-    The ranks it starts still get the signal (their StopFlag listens)."""
+    ``python -m theanompi.launch.slurm prted``, which ignores SIGUSR1 and blocks SIGTERM:
+    Slurm signals every process of a job step (``--signal=USR1@T``; SIGTERM on preemption
+    or when the job ends, SIGKILL a grace time later), and a daemon that dies of USR1, or
+    takes SIGTERM (it kills its ranks 0.5 s later), loses its node before the ranks reach a
+    step boundary. The ranks it starts still get the signal (their StopFlag listens)."""
     return ["--prtemca", "prte_launch_agent", f"{sys.executable} -m theanompi.launch.slurm prted"]
 
 
 def _exec_prted(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # kept across exec; the ranks set their own
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # kept too; prted's children unblock
     here = Path(sys.executable).parent / "prted"
     prted = str(here) if here.exists() else shutil.which("prted") or "prted"
     os.execv(prted, [prted, *argv])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m theanompi.launch.slurm prted ARGS``: mpirun's daemon, SIGUSR1 ignored."""
+    """``python -m theanompi.launch.slurm prted ARGS``: mpirun's daemon, SIGUSR1 ignored and
+    SIGTERM blocked."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["prted"]:
         _exec_prted(args[1:])

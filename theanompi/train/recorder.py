@@ -37,9 +37,10 @@ class Recorder:
         (on the rank that writes the record only).
     """
 
-    def __init__(self, record: Any, loggers: Sequence[Any] = ()) -> None:
+    def __init__(self, record: Any, loggers: Sequence[Any] = (), lost_steps: int = 0) -> None:
         self.record = record
         self.loggers = list(loggers)
+        self.lost_steps = lost_steps
 
     @classmethod
     def open(
@@ -50,15 +51,24 @@ class Recorder:
         loggers: Sequence[str],
         run_dir: str | Path,
         keep_before_epoch: int | None,
+        resumed_step: int,
         start: dict[str, Any],
     ) -> Recorder:
         """Collective: the record in ``record_dir`` (written by rank 0; a resume keeps the
         entries before epoch ``keep_before_epoch``) opened with the ``start`` entry, and the
-        loggers named (``output.loggers``) writing under ``run_dir``."""
+        loggers named (``output.loggers``) writing under ``run_dir``.
+
+        The start entry's ``lost_steps`` (also ``lost_steps`` here, on rank 0): the steps the
+        record shows done after ``resumed_step``, the checkpoint a resume starts from, i.e.
+        the work of a run killed before its next checkpoint (a preemption's grace time too
+        short for a step boundary), trained again. A lower bound: the record notes progress
+        every ``print_freq`` steps."""
         enabled = comm.Get_rank() == 0
         record = RecordWriter(record_dir, enabled=enabled, keep_before_epoch=keep_before_epoch)
-        record.write("start", **start)
-        return cls(record, collective(comm, _open_loggers, loggers, run_dir, record, enabled))
+        lost = max(0, record.last_step - resumed_step)
+        record.write("start", lost_steps=lost, **start)
+        opened = collective(comm, _open_loggers, loggers, run_dir, record, enabled)
+        return cls(record, opened, lost)
 
     def add_step(self, entry: dict[str, Any]) -> None:
         """A progress window's ``step`` entry."""

@@ -270,6 +270,7 @@ def _fit(
         loggers=rp.loggers,
         run_dir=rp.run_dir,
         keep_before_epoch=start.epoch if plan.resume else None,
+        resumed_step=start.step,
         start=dict(
             rule=rule.name,
             world_size=rule.world_size,
@@ -286,6 +287,11 @@ def _fit(
             **rule.settings(),
         ),
     )
+    if recorder.lost_steps:
+        log(
+            f"{recorder.lost_steps} step(s) after that checkpoint were lost (stopped before "
+            "the next one): training them again"
+        )
     trainer = Trainer(
         model=model,
         rule=rule,
