@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import get_type_hints
 
@@ -479,3 +480,23 @@ def test_a_folder_named_like_a_config_does_not_shadow_it(
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, "digits")
     assert cfg.model.name == "small_cnn" and cfg.sources[1].endswith("configs/digits.yaml")
+
+
+@pytest.mark.parametrize(
+    ("keys", "says"),
+    [
+        ({"sync_type": "cdd", "exch_strategy": "copper"}, "(ar, asa32, asa16), not 'copper'; set"),
+        ({"sync_type": "avg"}, "sync_type 'avg' updates each replica apart: set sync_type: cdd"),
+        ({"sync_rule": "EASGD"}, "EASGD updates each worker's own replica"),
+        ({"sync_rule": "GOSGD"}, "GOSGD updates each worker's own replica"),
+    ],
+)
+def test_shard_optimizer_is_refused_where_there_is_no_one_update_to_divide(
+    tmp_path: Path, keys: dict[str, str], says: str
+) -> None:
+    run_path, model_path = write(tmp_path, {"weight_exchange": {"shard_optimizer": True, **keys}})
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(run_path, model_path)
+    ok = {"sync_type": "cdd", "exch_strategy": "asa16", "shard_optimizer": True}
+    run_path, _ = write(tmp_path, {"weight_exchange": ok})
+    assert load_config(run_path, model_path).weight_exchange.shard_optimizer

@@ -146,6 +146,9 @@ class WeightExchangeSection(Section):
     # reduce inside each node, exchange between one leader per node, broadcast inside the node
     # (auto: when some node holds more than one rank, unless the strategy is node-aware: ar)
     hierarchical: str = key("auto", choices=_when)
+    # BSP cdd (ar, asa32, asa16): each rank keeps the optimiser state of 1/N of the parameters
+    # and updates only those (ZeRO-1); the parameters, not the gradients, are all-gathered
+    shard_optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -533,6 +536,8 @@ def _cross_check(cfg: Config) -> None:
     rule.from_config(cfg.weight_exchange, seed=cfg.randomness.seed)
     if cfg.training.accumulate_steps > 1:  # the rule says whether it can step on K sub-batches
         rule.check_accumulate(cfg.training.accumulate_steps)
+    if cfg.weight_exchange.shard_optimizer:
+        rule.check_sharding(cfg.weight_exchange)
 
 
 def check_world_size(cfg: Config, size: int) -> None:

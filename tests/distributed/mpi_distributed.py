@@ -81,6 +81,36 @@ def check_optimizer(comm, strategy: str, compression: str, tol: float) -> None:
         print(f"  {strategy}+{compression}: equal on every rank, within {tol:g} of float64")
 
 
+def adam_loop(shard: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``STEPS`` steps of ``tm.Adam`` with weight decay; the parameters and the whole state
+    (rank 0's, as a checkpoint reads it inside ``whole_state``)."""
+    w0, b0 = start_values()
+    W, b = pytensor.shared(w0, name="W"), pytensor.shared(b0, name="b")
+    x, y = pt.matrix("x"), pt.matrix("y")
+    loss = pt.mean(pt.sqr(pt.dot(x, W) + b - y))
+    adam = tm.Adam([W, b], pytensor.shared(np.float32(0.01)), weight_decay=0.01)
+    opt = tm.DistributedOptimizer(adam, loss, [x, y], strategy="ar", shard=shard)
+    for step in range(STEPS):
+        opt.step(*batch(tm.rank(), step))
+    with opt.whole_state():
+        state = [np.array(v.get_value()) for v in adam.state]
+    return [W.get_value(), b.get_value()], state
+
+
+def check_sharded(comm) -> None:
+    """``shard=True``: each rank's 1/N of Adam's state and update, the same parameters."""
+    (plain, plain_state), (got, state) = adam_loop(False), adam_loop(True)
+    pairs = list(zip(got, plain, strict=True))
+    if comm.Get_rank() == 0:  # the whole state is gathered there
+        pairs += list(zip(state, plain_state, strict=True))
+    for g, r in pairs:
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6 * float(np.abs(r).max()))
+    everyone = comm.allgather([v.tobytes() for v in got])
+    assert all(e == everyone[0] for e in everyone), "sharded: ranks differ"
+    if comm.Get_rank() == 0:
+        print("  ar+shard: the unsharded parameters and state, equal on every rank")
+
+
 def check_broadcast(comm) -> None:
     me = comm.Get_rank()
     a = pytensor.shared(np.full(4, me, "float32"), name="a")
@@ -142,6 +172,7 @@ def main() -> None:
     check_broadcast(comm)
     check_allreduce(comm)
     check_optimizer(comm, "ar", "none", 1e-5)
+    check_sharded(comm)
     if comm.Get_size() & (comm.Get_size() - 1) == 0:
         check_optimizer(comm, "copper", "none", 1e-5)
         check_optimizer(comm, "asa32", "fp16", 3e-3)

@@ -22,6 +22,7 @@ def test_a_loop_of_your_own_under_mpirun(mpirun, tmp_path: Path, n: int) -> None
     proc = mpirun(n, [SCRIPT, out], timeout=600)
     assert "all checks passed" in proc.stdout, proc.stdout
     assert "ar+none: equal on every rank" in proc.stdout
+    assert "ar+shard: the unsharded parameters and state" in proc.stdout
     assert ("asa32+fp16" in proc.stdout) == (n == 2)  # power-of-2 strategies at N=2 only
     final = np.load(out)
     for r in range(1, n):  # bit-identical replicas after K steps

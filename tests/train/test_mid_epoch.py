@@ -59,7 +59,11 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(data: Path, tmp_path: Path) 
     argv = mpirun_argv(2, *tiny_train_args(data, run, *every, epochs=100000))
     with Job(argv) as job:
         job.wait_for(r"epoch 2/\d+ step 5/10", timeout=180)
-        job.kill(job.mpirun_pid(), signal.SIGKILL)  # the whole job dies: mpirun first
+        # the whole job dies at once: ranks that outlive mpirun's SIGKILL train on for a
+        # moment (their collectives need no mpirun) and could write the epoch's checkpoint
+        ranks = [job.rank_pid(r) for r in range(2)]
+        for pid in [*ranks, job.mpirun_pid()]:
+            job.kill(pid, signal.SIGKILL)
         job.wait(timeout=30)
     # everything of the job is gone here (the harness SIGKILLs leftovers)
     ckpts = list_checkpoints(run / "checkpoints")

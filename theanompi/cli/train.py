@@ -69,6 +69,14 @@ GossipP = Annotated[
     float | None,
     typer.Option("--gossip-p", help="GOSGD: probability of a push after a step, in (0, 1]."),
 ]
+ShardOptimizer = Annotated[
+    bool,
+    typer.Option(
+        "--shard-optimizer",
+        help="BSP with --sync-type cdd: each rank keeps the optimizer state of 1/N of the "
+        "parameters and updates only those (ZeRO-1; weight_exchange.shard_optimizer).",
+    ),
+]
 LrScaling = Annotated[
     str | None,
     typer.Option(
@@ -174,6 +182,7 @@ class Exchange:
     sync_type: str | None = None
     avg_freq: int | None = None
     gossip_p: float | None = None
+    shard_optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,7 @@ _CONFIG_KEYS = (
     _Key("exchange.compression", "weight_exchange.compression"),
     _Key("exchange.avg_freq", "weight_exchange.avg_freq"),
     _Key("exchange.gossip_p", "weight_exchange.gossip_p"),
+    _Key("exchange.shard_optimizer", "weight_exchange.shard_optimizer"),
     _Key("data.data_dir", "data.dir"),
     _Key("output.run_dir", "output.run_dir"),
     _Key("schedule.epochs", "model.n_epochs"),
@@ -316,6 +326,7 @@ def train(
     sync_type: SyncType = None,
     avg_freq: AvgFreq = None,
     gossip_p: GossipP = None,
+    shard_optimizer: ShardOptimizer = False,
     data_dir: DataDir = None,
     verify_data: VerifyData = False,
     seed: Seed = None,

@@ -70,6 +70,11 @@ class DistributedOptimizer:
     strategy, compression, op
         The exchange: a name of :data:`theanompi.exchange.STRATEGIES`, of
         :data:`~theanompi.exchange.compression.COMPRESSORS`, and ``"mean"`` or ``"sum"``.
+    shard
+        ZeRO-1 (:mod:`theanompi.rules.sharded`): each rank keeps the state of a built-in
+        optimiser for 1/N of the parameters and updates only those, then the parameters are
+        all-gathered (``op="mean"``, a strategy that reduces by chunks: ``ar``, ``asa*``).
+        :meth:`whole_state` gathers the state on rank 0 for a checkpoint.
     comm
         Default: the world.
     stall_timeout
@@ -92,6 +97,7 @@ class DistributedOptimizer:
         strategy: str = "ar",
         compression: str = "none",
         op: str = "mean",
+        shard: bool = False,
         comm: Any = None,
         stall_timeout: float | None = None,
         mode: Any = None,
@@ -122,15 +128,48 @@ class DistributedOptimizer:
             mode=mode,
             name="DistributedOptimizer.grads",
         )
-        self._apply_fn = pytensor.function(
-            [], [], updates=self._updates(), mode=mode, name="DistributedOptimizer.apply"
-        )
         check_same_layout(self.params, self.comm, "param")
-        self.exchanger = create_exchanger(strategy, self.comm, op=op, compression=compression)
-        self.exchanger.prepare(get_values(self.grads))
+        self.sharded: Any = None
+        if shard:
+            self.sharded = self._sharded(strategy, compression, op)
+        else:
+            self._apply_fn = pytensor.function(
+                [], [], updates=self._updates(), mode=mode, name="DistributedOptimizer.apply"
+            )
+            self.exchanger = create_exchanger(strategy, self.comm, op=op, compression=compression)
+            self.exchanger.prepare(get_values(self.grads))
         timeout = _default_stall_timeout() if stall_timeout is None else float(stall_timeout)
         self.watchdog = _stall_watchdog(timeout) if self.comm.Get_size() > 1 else None
         self.steps = 0
+
+    def _sharded(self, strategy: str, compression: str, op: str) -> Any:
+        """The ZeRO-1 update of the wrapped optimiser over :attr:`params` and :attr:`grads`."""
+        from theanompi.errors import ConfigError
+        from theanompi.exchange import STRATEGIES
+        from theanompi.rules.sharded import ShardedUpdate
+
+        cls = STRATEGIES.get(strategy)
+        if op != "mean" or not cls.reduces_by_chunks:
+            can = ", ".join(s for s in STRATEGIES if STRATEGIES.get(s).reduces_by_chunks)
+            raise ConfigError(
+                f"shard=True needs op='mean' and a strategy that reduces by chunks ({can}); "
+                f"got op={op!r}, strategy={strategy!r}"
+            )
+        if self.params != list(getattr(self.optimizer, "params", [])):
+            raise ConfigError("shard=True updates the optimizer's own params; leave params unset")
+        wire = (
+            cls.implied_compression
+            if compression == "none" and cls.implied_compression
+            else compression
+        )
+        return ShardedUpdate(self.optimizer, self.grads, self.comm, wire)
+
+    def whole_state(self) -> Any:
+        """Collective context: ``optimizer.state`` whole on rank 0 (a checkpoint's), when
+        sharded; a no-op otherwise."""
+        import contextlib
+
+        return self.sharded.whole_state() if self.sharded is not None else contextlib.nullcontext()
 
     def _check_params(self) -> None:
         if not self.params:
@@ -166,8 +205,17 @@ class DistributedOptimizer:
         return list(self._grads_fn(*values))
 
     def exchange(self) -> None:
-        """Combine :attr:`grads` over the ranks, in place (collective)."""
+        """Combine :attr:`grads` over the ranks, in place (collective); sharded, the whole
+        step: this rank's chunk of the mean gradient, its update, the parameters' all-gather."""
         from theanompi.models.params import get_values, set_values
+
+        if self.sharded is not None:
+            if self.watchdog is not None:
+                with self.watchdog.waiting("the sharded update"):
+                    self.sharded.step()
+            else:
+                self.sharded.step()
+            return
 
         arrays = get_values(self.grads)
         if self.watchdog is not None:
@@ -178,8 +226,10 @@ class DistributedOptimizer:
         set_values(self.grads, arrays)
 
     def apply(self) -> None:
-        """One update of the wrapped optimiser from the values in :attr:`grads`."""
-        self._apply_fn()
+        """One update of the wrapped optimiser from the values in :attr:`grads` (sharded:
+        done in :meth:`exchange`)."""
+        if self.sharded is None:
+            self._apply_fn()
 
     def step(self, *values: Any) -> Any:
         """One training step on this rank's batch (the values of ``inputs``, in order):

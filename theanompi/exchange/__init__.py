@@ -27,7 +27,7 @@ __all__ = ["Exchanger", "OPS", "STRATEGIES", "WHEN", "create_exchanger"]
 
 #: ``weight_exchange.exch_strategy``; modules are imported only when chosen. Ask a class its
 #: capabilities (``STRATEGIES.get("copper").requires_power_of_two``): ``requires_power_of_two``,
-#: ``implied_compression``, ``baseline`` and ``wire_roundings(n)``
+#: ``implied_compression``, ``baseline``, ``reduces_by_chunks`` and ``wire_roundings(n)``
 STRATEGIES: Registry[type[Exchanger]] = Registry(
     "exchanger",
     {

@@ -57,6 +57,7 @@ class ArExchanger(Exchanger):
     """
 
     name = "ar"
+    reduces_by_chunks = True
     # Open MPI 5's Allreduce across 2 nodes x 2 ranks (1 Gbit, `tmpi bench cluster`): flat
     # 111 ms a step, ours through the node leaders 297 ms: it is already node-aware
     node_aware = True

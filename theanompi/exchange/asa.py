@@ -40,6 +40,7 @@ class Asa32Exchanger(Exchanger):
     """
 
     name = "asa32"
+    reduces_by_chunks = True
     requires_power_of_two = True
 
     @classmethod

@@ -61,6 +61,9 @@ class Exchanger:
     implied_compression: str | None = None
     #: a reference point for benchmarks (``ar_per_array``), not a choice for training
     baseline = False
+    #: ``weight_exchange.shard_optimizer`` may take its place: each rank needs the reduced chunk it
+    #: owns (its first half, a reduce-scatter), the rest is the parameters' all-gather
+    reduces_by_chunks = False
     #: its MPI collective already reduces inside a node before the network (``hierarchical:
     #: auto`` then keeps it flat)
     node_aware = False

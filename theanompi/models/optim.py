@@ -10,6 +10,7 @@ import PyTensor (the config loader reads the registries); an optimiser imports i
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -111,6 +112,22 @@ class Optimizer:
         """``(shared, new_value)`` pairs for one step given symbolic ``grads``."""
         raise NotImplementedError
 
+    def _make_state(self) -> None:
+        """Create :attr:`state` for :attr:`params` (zeros)."""
+
+    def slots(self, i: int) -> list[Any]:
+        """The state variables shaped like parameter ``i`` (:attr:`state` less the scalars)."""
+        return []
+
+    def over(self, params: Sequence[Any]) -> Optimizer:
+        """This optimiser (its class, settings and ``lr``) over other ``params`` (tagged as the
+        ones they stand for), with zero state: the same compiled arithmetic on other arrays,
+        as ZeRO-1's shard of the parameters (:mod:`theanompi.rules.sharded`) needs."""
+        new = copy.copy(self)
+        new.params = list(params)
+        new._make_state()
+        return new
+
     def _slot(self, p: Any, suffix: str) -> Any:
         """A zero state variable shaped like ``p``, named ``<p.name>.<suffix>``."""
         return _pytensor().shared(_zeros_like(p), name=f"{p.name}.{suffix}", borrow=True)
@@ -174,7 +191,13 @@ class SGD(Optimizer):
         super().__init__(params, lr, weight_decay)
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
+        self._make_state()
+
+    def _make_state(self) -> None:
         self.state = [self._slot(p, "v") for p in self.params]
+
+    def slots(self, i: int) -> list[Any]:
+        return [self.state[i]]
 
     @classmethod
     def from_config(cls, params: Sequence[Any], lr: Any, section: Mapping[str, Any]) -> Optimizer:
@@ -246,6 +269,14 @@ class LARS(SGD):
             raise ValueError(f"LARS needs eta > 0 and eps >= 0, got eta={eta!r}, eps={eps!r}")
         super().__init__(params, lr, momentum, nesterov, weight_decay)
         self.eta, self.eps = float(eta), float(eps)
+        #: parameter -> symbolic ``(||w||, ||g||)`` to use instead of its own: a ZeRO-1 piece
+        #: of a parameter (:meth:`over`) needs the norms of the whole one
+        self.norms: dict[Any, tuple[Any, Any]] = {}
+
+    def over(self, params: Sequence[Any]) -> Optimizer:
+        new = super().over(params)
+        new.norms = {}  # type: ignore[attr-defined]
+        return new
 
     @classmethod
     def from_config(cls, params: Sequence[Any], lr: Any, section: Mapping[str, Any]) -> Optimizer:
@@ -265,7 +296,10 @@ class LARS(SGD):
         import pytensor.tensor as pt
 
         wd = np.asarray(self.weight_decay, fx)
-        w_norm, g_norm = pt.sqrt(pt.sum(pt.sqr(p))), pt.sqrt(pt.sum(pt.sqr(g)))
+        if p in self.norms:  # a shard's piece: its whole parameter's norms, given
+            w_norm, g_norm = self.norms[p]
+        else:
+            w_norm, g_norm = pt.sqrt(pt.sum(pt.sqr(p))), pt.sqrt(pt.sum(pt.sqr(g)))
         ratio = (
             np.asarray(self.eta, fx) * w_norm / (g_norm + wd * w_norm + np.asarray(self.eps, fx))
         )
@@ -312,12 +346,18 @@ class Adam(Optimizer):
             raise ValueError(f"eps={eps!r} must be > 0, e.g. 1e-8")
         super().__init__(params, lr, weight_decay)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self._make_state()
+
+    def _make_state(self) -> None:
         pytensor = _pytensor()
         self.t = pytensor.shared(np.zeros((), pytensor.config.floatX), name=f"{self.name}.step")
         self.moments = [
             (self._slot(p, "exp_avg"), self._slot(p, "exp_avg_sq")) for p in self.params
         ]
         self.state = [self.t, *(s for pair in self.moments for s in pair)]
+
+    def slots(self, i: int) -> list[Any]:
+        return list(self.moments[i])
 
     @classmethod
     def from_config(cls, params: Sequence[Any], lr: Any, section: Mapping[str, Any]) -> Optimizer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -113,6 +114,21 @@ class SyncRule:
                 "(gradient accumulation); set training.accumulate_steps: 1, or multiply "
                 f"model.batch_size by {k} instead"
             )
+
+    @classmethod
+    def check_sharding(cls, weight_exchange: Any) -> None:
+        """One-line ``ConfigError`` when ``weight_exchange.shard_optimizer`` cannot apply: only
+        BSP's gradient exchange has one update for every rank to divide."""
+        raise ConfigError(
+            f"weight_exchange.shard_optimizer: {cls.name} updates each worker's own replica, "
+            "with nothing to divide; set sync_rule: BSP and sync_type: cdd, or "
+            "shard_optimizer: false"
+        )
+
+    def whole_state(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """Collective context around a checkpoint's save: ``model.opt_state`` whole on rank 0
+        (a rule that divides it gathers it); by default it is already."""
+        return contextlib.nullcontext()
 
     @property
     def local_opt_state(self) -> bool:

@@ -18,8 +18,10 @@ parameters once.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
+from theanompi.errors import ConfigError
 from theanompi.models.params import get_values, set_values
 from theanompi.rules.base import SyncRule
 
@@ -64,6 +66,7 @@ class BSP(SyncRule):
         overlap: str = "never",
         bucket_mb: float = 25.0,
         hierarchical: str = "never",
+        shard_optimizer: bool = False,
     ):
         from theanompi.exchange import WHEN
 
@@ -76,6 +79,8 @@ class BSP(SyncRule):
         self.cdd = sync_type == "cdd"
         self.overlap, self.bucket_mb = overlap if self.cdd else "never", bucket_mb
         self.hierarchical = hierarchical
+        self.shard_optimizer = shard_optimizer
+        self.sharded: Any = None  # ShardedUpdate: this rank's part of the optimiser (ZeRO-1)
         self._node_first = False  # the exchange reduces inside each node first (set up)
         self.exchanger: Any = None
         self.overlapped: Any = None  # OverlappedExchange, when the gradients overlap
@@ -96,7 +101,25 @@ class BSP(SyncRule):
             overlap=we.overlap,
             bucket_mb=we.bucket_mb,
             hierarchical=we.hierarchical,
+            shard_optimizer=we.shard_optimizer,
         )
+
+    @classmethod
+    def check_sharding(cls, weight_exchange: Any) -> None:
+        from theanompi.exchange import STRATEGIES
+
+        we = weight_exchange
+        can = [s for s in STRATEGIES if STRATEGIES.get(s).reduces_by_chunks]
+        if we.sync_type != "cdd":
+            raise ConfigError(
+                "weight_exchange.shard_optimizer divides one update of averaged gradients; "
+                f"sync_type {we.sync_type!r} updates each replica apart: set sync_type: cdd"
+            )
+        if we.exch_strategy not in can:
+            raise ConfigError(
+                f"weight_exchange.shard_optimizer needs a strategy that reduces by chunks "
+                f"({', '.join(can)}), not {we.exch_strategy!r}; set exch_strategy: {can[0]}"
+            )
 
     @property
     def local_opt_state(self) -> bool:
@@ -111,6 +134,8 @@ class BSP(SyncRule):
     def describe(self) -> str:
         wire = "" if self.compression == "none" else f"+{self.compression}"
         how = " between node leaders" if self._node_first else ""
+        if self.sharded is not None:
+            how += f", optimizer state sharded 1/{self.sharded.n} (ZeRO-1)"
         if self.overlapped is not None:
             how += f", {len(self.overlapped.buckets)} buckets under the backward pass"
         return f"exchange {self.strategy}{wire}/{self.sync_type}{how}"
@@ -120,6 +145,7 @@ class BSP(SyncRule):
             "strategy": self.strategy,
             "sync_type": self.sync_type,
             "compression": self.compression,
+            "shard_optimizer": self.sharded is not None,
         }
 
     def _shared(self, model: Any) -> list[Any]:
@@ -152,6 +178,14 @@ class BSP(SyncRule):
 
         self._comm = comm
         self._meet = comm.Dup()
+        if self.shard_optimizer and self.cdd:  # serial: the buckets of overlap are whole
+            from theanompi.exchange import STRATEGIES
+            from theanompi.rules.sharded import ShardedUpdate
+
+            implied = STRATEGIES.get(self.strategy).implied_compression
+            wire = implied if self.compression == "none" and implied else self.compression
+            self.sharded = ShardedUpdate(model.optimizer, model.grads, comm, wire)
+            return
         self._node_first = hierarchical_wanted(self.hierarchical, comm, self.strategy)
         shared = self._shared(model)
         if self._overlaps(model, comm):
@@ -190,6 +224,9 @@ class BSP(SyncRule):
             # time is the network's and the slowest rank's lateness is counted apart
             wait_idle(self._meet.Ibarrier())
             self.sync_s = MPI.Wtime() - t0
+            if self.sharded is not None:  # reduce-scatter, this rank's update, all-gather
+                self.sharded.step()
+                return MPI.Wtime() - t0
             if self.exchanger is None:
                 self.exchanger = self._make_exchanger(self._comm)
                 self.exchanger.prepare(get_values(self._shared(model)))
@@ -201,6 +238,11 @@ class BSP(SyncRule):
         if self.cdd:
             model.apply_grads()  # compute: the trainer counts it as such
         return t1 - t0
+
+    def whole_state(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        return (
+            self.sharded.whole_state() if self.sharded is not None else super().whole_state(model)
+        )
 
     def finish(self, model: Any) -> dict[str, Any]:
         if self.overlapped is not None:

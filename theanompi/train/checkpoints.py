@@ -106,7 +106,7 @@ class Checkpoints:
             self.workers.average_buffers(model)
             settle = getattr(rule, "checkpoint_state", None)  # a SyncRule's: nothing in flight
             state = settle(model) if settle is not None else None
-            with rule_values(model, rule.eval_values(model)):
+            with rule_values(model, rule.eval_values(model)), rule.whole_state(model):
                 saved = self.snap.save(epoch, step, {"mid_epoch": True}, k, rank_state=state)
             self.last = str(saved)
         self._next_t = wtime() + 60 * self.every_minutes
@@ -122,7 +122,8 @@ class Checkpoints:
             check_finite(
                 self.workers, self.model.params, epoch=epoch, step=step, last_ckpt=self.last
             )
-            saved = str(self.snap.save(epoch + 1, step, {"val": val}))
+            with self.rule.whole_state(self.model):
+                saved = str(self.snap.save(epoch + 1, step, {"val": val}))
         self.timeline.add("checkpoint", t0, wtime(), epoch=epoch)
         self.last = saved
         return saved

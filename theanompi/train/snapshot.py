@@ -167,7 +167,8 @@ class Snapshotter:
                     p.unlink()
 
     def restore(self, path: Path | None = None) -> Checkpoint:
-        """Collective: load ``path`` (default: the latest) into the model on every rank.
+        """Collective: load ``path`` (default: the latest) into the model on every rank; the
+        temporary files of checkpoint writes that a killed run left are removed first.
 
         Rank 0 reads the file and broadcasts params and optimizer state; each rank
         then applies its side file when one exists for this world size. Raises a
@@ -178,6 +179,9 @@ class Snapshotter:
         msg: str | None = None
         ck: Checkpoint | None = None
         if self.rank == 0:
+            for stale in self.dir.glob(".*.tmp.npz"):  # a write the killed run never finished
+                with contextlib.suppress(OSError):
+                    stale.unlink()
             path = Path(path) if path is not None else latest_checkpoint(self.dir)
             if path is None:
                 msg = (
