@@ -71,9 +71,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="skip the N independent single-rank runs side by side (the machine's ceiling)",
     )
+    p.add_argument(
+        "--shard-optimizer",
+        choices=SHARD_MODES,
+        default="off",
+        help="ZeRO-1 (weight_exchange.shard_optimizer, BSP cdd): off, on, or both (each N "
+        "with and without, side by side) [default: off]",
+    )
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+#: ``--shard-optimizer``: the weight_exchange.shard_optimizer values each N runs with
+SHARD_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
 def _overrides(args: argparse.Namespace, data: Path, run_dir: Path) -> dict[str, Any]:
@@ -137,6 +148,8 @@ def _worker(args: argparse.Namespace) -> int:
         cfg = load_config(None, args.model, _overrides(args, args.data, Path(tmp) / "run"))
         check_world_size(cfg, comm.Get_size())
         model = create_model(cfg.model)
+        shard = cfg.weight_exchange.shard_optimizer and comm.Get_size() > 1
+        state_mb = _state_mb_per_rank(model.optimizer, comm.Get_size() if shard else 1)
         world.Barrier()
         with contextlib.redirect_stdout(io.StringIO()):
             s = train_run(cfg, comm=comm, model=model)
@@ -162,6 +175,8 @@ def _worker(args: argparse.Namespace) -> int:
             "wait_s": mine["wait"],
             "hidden_s": mine["hidden"],
             "sync_s": mine["sync"],
+            "shard_optimizer": bool(shard),
+            "opt_state_mb_per_rank": state_mb,
             "param_mb": param_bytes(model.params) / MB,
             "peak_rss_mb": max(r["peak_rss"] for r in everyone) / MB,
             "peak_rss_mb_per_rank": [r["peak_rss"] / MB for r in everyone],
@@ -169,6 +184,21 @@ def _worker(args: argparse.Namespace) -> int:
         row["peak_rss_x_params"] = row["peak_rss_mb"] / row["param_mb"]
         args.worker.write_text(json.dumps(row))
     return 0
+
+
+def _state_mb_per_rank(optimizer: Any, n: int) -> float:
+    """The optimiser state one rank holds: its 1/N chunk of the parameter-shaped state when
+    sharded (:class:`~theanompi.rules.sharded.ShardedUpdate`, chunks of a buffer padded to a
+    multiple of N), the scalars whole."""
+    shaped = [
+        v.get_value(borrow=True) for i in range(len(optimizer.params)) for v in optimizer.slots(i)
+    ]
+    scalars = sum(v.get_value(borrow=True).nbytes for v in optimizer.state) - sum(
+        a.nbytes for a in shaped
+    )
+    per_slot = len(shaped) // max(len(optimizer.params), 1)
+    count = sum(a.size for a in shaped) // max(per_slot, 1)
+    return (per_slot * -(-count // n) * 4 + scalars) / MB
 
 
 def ensure_data(data: Path | None) -> Path:
@@ -204,6 +234,7 @@ def run_n(
     *,
     placement: Placement | None = None,
     wrap: Callable[[list[str]], list[str]] | None = None,
+    shard: bool = False,
 ) -> dict[str, Any]:
     """One timed run of ``n`` ranks; rank 0's summary row. ``placement`` says where the ranks
     go (default: this machine), ``wrap`` turns the mpirun command into the one to run (e.g.
@@ -220,6 +251,8 @@ def run_n(
         argv.append("--independent")
     for item in args.sets:
         argv += ["--set", item]
+    if shard:
+        argv += ["--set", "weight_exchange.shard_optimizer=true"]
     env = mpirun_env() | {
         "OPENBLAS_NUM_THREADS": str(args.blas_threads),
         "OMP_NUM_THREADS": str(args.blas_threads),
@@ -247,11 +280,29 @@ def _rss_cell(row: dict[str, Any]) -> str:
     return f"{row['peak_rss_mb']:.0f} ({row['peak_rss_x_params']:.1f}x){each}"
 
 
+def _sharding_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per N run with and without ZeRO-1: what sharding took off the largest per-rank peak
+    RSS and the optimizer state, and its step time against the unsharded one."""
+    out = []
+    for r in rows:
+        plain = next((q for q in rows if q["n"] == r["n"] and not q["independent"]
+                      and not q.get("shard_optimizer")), None)  # fmt: skip
+        if r.get("shard_optimizer") and plain:
+            less = max(plain["peak_rss_mb_per_rank"]) - max(r["peak_rss_mb_per_rank"])
+            out.append(
+                f"N={r['n']} ZeRO-1: peak RSS per rank {less:.0f} MB less than unsharded "
+                f"(optimizer state {plain['opt_state_mb_per_rank']:.0f} -> "
+                f"{r['opt_state_mb_per_rank']:.0f} MB per rank); step time "
+                f"{r['step_s'] / plain['step_s']:.2f}x unsharded"
+            )
+    return out
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     base = next((r["images_per_s"] for r in rows if r["n"] == 1 and not r["independent"]), None)
     head = (
-        f"{'run':<22} {'images/s':>9} {'vs N=1':>7} {'step ms':>8} {'compute':>8} "
-        f"{'exchange':>9} {'wait':>6} {'peak RSS MB/rank (x params)':>28}"
+        f"{'run':<26} {'images/s':>9} {'vs N=1':>7} {'step ms':>8} {'compute':>8} "
+        f"{'exchange':>9} {'wait':>6} {'opt state MB':>12} {'peak RSS MB/rank (x params)':>28}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -259,12 +310,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['n']} x 1 rank, side by side"
             if r["independent"]
             else f"BSP N={r['n']} ({r['batch_size']}/rank)"
+            + (" ZeRO-1" if r.get("shard_optimizer") else "")
         )
+        state = f"{r['opt_state_mb_per_rank']:.0f}" if "opt_state_mb_per_rank" in r else "-"
         up = f"{r['images_per_s'] / base:.2f}x" if base else "-"
         lines.append(
-            f"{what:<22} {r['images_per_s']:>9,.0f} {up:>7} {r['step_s'] * 1e3:>8.1f} "
+            f"{what:<26} {r['images_per_s']:>9,.0f} {up:>7} {r['step_s'] * 1e3:>8.1f} "
             f"{r['compute_s'] * 1e3:>8.1f} {r['exchange_s'] * 1e3:>9.2f} {r['wait_s'] * 1e3:>6.2f} "
-            f"{_rss_cell(r):>28}"
+            f"{state:>12} {_rss_cell(r):>28}"
         )
     return "\n".join(lines)
 
@@ -286,10 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         with tempfile.TemporaryDirectory(prefix="tmpi-bench-") as tmp:
             for n in ranks:
-                modes = [False] + ([True] if args.ceiling and n > 1 else [])
-                for ind in modes:
+                modes = [(False, sh) for sh in SHARD_MODES[args.shard_optimizer]]
+                modes += [(True, False)] if args.ceiling and n > 1 else []
+                for ind, sh in modes:
                     runs = [
-                        run_n(args, data, n, Path(tmp) / f"n{n}_{ind}_{i}.json", ind)
+                        run_n(args, data, n, Path(tmp) / f"n{n}_{ind}_{sh}_{i}.json", ind, shard=sh)
                         for i in range(args.repeats)
                     ]
                     rows.append(_median_run(runs))
@@ -316,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"N={r['n']} BSP / {r['n']} independent single-rank runs = "
                     f"{bsp['images_per_s'] / r['images_per_s']:.2f} (BSP efficiency on this machine)"
                 )
+    for line in _sharding_lines(rows):
+        print(line)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

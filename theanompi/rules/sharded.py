@@ -77,9 +77,12 @@ class ShardedUpdate:
         self.wire = COMPRESSORS.get(compression)(size=self.n, op="mean")
         self.fusion = FusionBuffer([v.size for v in values], self.n, self.wire.wire_dtype)
         self._recv = np.empty_like(self.fusion.buffer)
-        float_wire = self.fusion.buffer.dtype == np.float32  # its buffer carries the parameters
-        self._params = self.fusion if float_wire else FusionBuffer([v.size for v in values], self.n)
         self.chunk = self.fusion.padded_count // self.n
+        # float32 on the wire: after the sum, the receive buffer holds this chunk's mean
+        # gradient and the fusion buffer the parameters (no more memory than asa32's own)
+        float_wire = self.fusion.buffer.dtype == np.float32
+        self._params = self.fusion if float_wire else FusionBuffer([v.size for v in values], self.n)
+        self.grad = self._recv[: self.chunk] if float_wire else np.zeros(self.chunk, np.float32)
         lo = self.rank * self.chunk
         # (param i, its elements [a, b), which are this chunk's [a + at, b + at))
         self.spans = [
@@ -89,7 +92,6 @@ class ShardedUpdate:
             )
             if off < lo + self.chunk and off + size > lo
         ]
-        self.grad = np.zeros(self.chunk, np.float32)
         self.pieces, self.piece_grads = [], []
         for i, a, b, _ in self.spans:
             p = optimizer.params[i]
@@ -147,15 +149,18 @@ class ShardedUpdate:
         wire.sum_rows(self._recv.reshape(n, -1), mine)
         wire.decompress(mine, self.grad)
         params = get_values(self.opt.params)
+        out = self._params.chunk(self.rank, n)  # this chunk's parameters, updated in place
         for (i, a, b, at), piece, g in zip(self.spans, self.pieces, self.piece_grads, strict=True):
-            piece.set_value(params[i].reshape(-1)[a:b], borrow=False)
+            np.copyto(out[a + at : b + at], params[i].reshape(-1)[a:b])
+            piece.set_value(out[a + at : b + at], borrow=True)
             g.set_value(self.grad[a + at : b + at], borrow=True)
         if self._norms:
             self._set_norms()
         self._update()
-        out = self._params.chunk(self.rank, n)
         for (_, a, b, at), piece in zip(self.spans, self.pieces, strict=True):
-            out[a + at : b + at] = piece.get_value(borrow=True)
+            new = piece.get_value(borrow=True)  # the update may have written a new array
+            if not np.shares_memory(new, out):
+                out[a + at : b + at] = new
         self.comm.Allgather(MPI.IN_PLACE, self._params.buffer)
         self._params.unpack(params)
 
@@ -177,20 +182,31 @@ class ShardedUpdate:
 
     @contextlib.contextmanager
     def whole_state(self) -> Iterator[None]:
-        """Collective context: the model's state variables hold the whole state on rank 0
-        (gathered from every rank's chunk), emptied again after it."""
-        whole = FusionBuffer([int(np.prod(s)) for s in self.shapes], self.n)
+        """Collective context: the optimiser's state variables hold the whole state on rank 0
+        (gathered from every rank's chunk), emptied again after it.
+
+        Between steps the exchange's buffers are free: rank 0 gathers into them (asa32's two
+        hold Adam's two slots), so writing a checkpoint costs it no memory the step did not."""
+        layout = FusionBuffer([int(np.prod(s)) for s in self.shapes], self.n)
+        spare = (
+            [self.fusion.buffer, self._recv]
+            if self._params is self.fusion
+            else [self._params.buffer]
+        )
         chunk = np.zeros(self.chunk, np.float32)
         for j in range(len(self.opt.slots(0))):
             for k, (_, a, b, at) in enumerate(self.spans):
                 chunk[a + at : b + at] = self.shard.slots(k)[j].get_value(borrow=True)
-            self.comm.Gather(chunk, whole.buffer if self.rank == 0 else None, root=0)
+            into = spare[j] if j < len(spare) else np.empty(layout.padded_count, np.float32)
+            self.comm.Gather(chunk, into if self.rank == 0 else None, root=0)
             if self.rank == 0:
                 for i, shape in enumerate(self.shapes):
-                    self.opt.slots(i)[j].set_value(whole.view(i).reshape(shape).copy())
-        for mine, whole_var in zip(self._scalars(self.shard), self._scalars(self.opt), strict=True):
-            whole_var.set_value(np.array(mine.get_value()))
-        del whole
+                    off, size = layout.offsets[i], layout.sizes[i]
+                    self.opt.slots(i)[j].set_value(
+                        into[off : off + size].reshape(shape), borrow=True
+                    )
+        for mine, whole in zip(self._scalars(self.shard), self._scalars(self.opt), strict=True):
+            whole.set_value(np.array(mine.get_value()))
         try:
             yield
         finally:
