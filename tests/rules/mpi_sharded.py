@@ -1,11 +1,11 @@
 """Per-rank program: 20 BSP cdd steps of a real PyTensor CNN with each optimiser, its state whole
-on every rank and sharded (ZeRO-1); checks both give the same parameters (bit for bit; LARS,
-whose norms are summed in pieces, within float32 rounding),
+on every rank and sharded (ZeRO-1); checks both give the same parameters bit for bit (LARS's
+norms too: float64 sums of the float32 squares, piece by piece or whole),
 that every rank holds the same bits, that the model's whole state variables are emptied while
 sharded, that the state gathered for a checkpoint is the unsharded one, and that a run taken
 up from it, sharded or not, goes on as the unsharded run does. Prints ``OK`` on rank 0.
 
-``python mpi_sharded.py STRATEGY:OPTIMIZER ...``
+``python mpi_sharded.py STRATEGY:OPTIMIZER[:K] ...`` (K: sub-batches accumulated per step)
 """
 
 from __future__ import annotations
@@ -22,34 +22,28 @@ configure()
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+from theanompi.config import load_config  # noqa: E402
+from theanompi.models import create_model  # noqa: E402
 from theanompi.models.params import bcast_values, get_values, set_values  # noqa: E402
-from theanompi.models.small_cnn import SmallCNN  # noqa: E402
 from theanompi.rules.bsp import BSP  # noqa: E402
 from theanompi.train.rng import get_rng_states, set_rng_states  # noqa: E402
 
 STEPS, MORE, B = 20, 5, 8
-ARCH = {"channels": [4, 8], "fc": 32, "dropout": 0.25, "seed": 7}
 OPTIMIZERS = {  # every tag in play: weight decay on the weights only, Nesterov, LARS's ratio
-    "sgd": {"optimizer": "sgd", "momentum": 0.9, "nesterov": True, "learning_rate": 0.05},
-    "adam": {"optimizer": "adam", "learning_rate": 0.002},
-    "adamw": {"optimizer": "adamw", "learning_rate": 0.002, "weight_decay": 0.01},
-    "lars": {"optimizer": "lars", "momentum": 0.9, "learning_rate": 0.5, "lars_eta": 0.02},
+    "sgd": {"model.optimizer": "sgd", "model.nesterov": True, "model.learning_rate": 0.05},
+    "adam": {"model.optimizer": "adam", "model.learning_rate": 0.002},
+    "adamw": {"model.optimizer": "adamw", "model.learning_rate": 0.002, "model.weight_decay": 0.01},
+    "lars": {"model.optimizer": "lars", "model.learning_rate": 0.5, "model.lars_eta": 0.02},
 }
-#: LARS's norms are summed piece by piece, then over the ranks: float32 rounding (rtol per
-#: element, and a floor of 1e-6 of the tensor's largest value for the elements near zero);
-#: every other optimiser's update is its own compiled graph: the same bits
-RTOL, FLOOR = 1e-5, 1e-6
-
-
 _BUILT: dict[str, tuple[object, tuple]] = {}  # one compiled model per optimiser, and its start
 
 
 def model_with(optimizer: str):
     """The model with ``optimizer``, back at its start values (parameters, state, dropout's
     random state): built once, as building costs a second and training a tenth of that."""
-    if optimizer not in _BUILT:
-        cfg = {"name": "small_cnn", "input_size": 12, "channels": 3, "n_classes": 5, "arch": ARCH}
-        model = SmallCNN({"weight_decay": 5e-4, **cfg, **OPTIMIZERS[optimizer]}).build(B)
+    if optimizer not in _BUILT:  # the digits CNN of configs/digits.yaml, sub-batches of B
+        over = {"model.batch_size": B, "model.weight_decay": 5e-4, **OPTIMIZERS[optimizer]}
+        model = create_model(load_config(None, "digits", over).model).build(B)
         start = tuple(
             [np.array(a) for a in get_values(vs)] for vs in (model.params, model.opt_state)
         )
@@ -61,17 +55,19 @@ def model_with(optimizer: str):
     return model
 
 
-def steps(model, rule: BSP, first: int, count: int) -> None:
+def steps(model, rule: BSP, first: int, count: int, k: int) -> None:
     comm = MPI.COMM_WORLD
+    size = model.config["input_size"]
     for step in range(first, first + count):
-        rng = np.random.default_rng(1000 * step + comm.Get_rank())  # this rank's batch
-        x = rng.random((B, 3, 12, 12), dtype=np.float32) * 255
-        y = rng.integers(0, 5, B).astype(np.int32)
-        rule.train_step(model, x, y)
+        rng = np.random.default_rng(1000 * step + comm.Get_rank())  # this rank's batches
+        for i in range(k):
+            x = rng.random((B, 3, size, size), dtype=np.float32) * 255
+            y = rng.integers(0, 10, B).astype(np.int32)
+            rule.accumulate(model, x, y, i, k)
         rule.after_step(model, step)
 
 
-def train(strategy: str, optimizer: str, shard: bool, state=None):
+def train(strategy: str, optimizer: str, shard: bool, k: int, state=None):
     """``STEPS`` steps (``MORE`` after taking ``state`` as a resume would: a checkpoint's
     parameters and whole optimiser state on every rank): the parameters and the whole state
     (as a checkpoint holds it), and the rule."""
@@ -84,7 +80,7 @@ def train(strategy: str, optimizer: str, shard: bool, state=None):
     bcast_values(model.opt_state, comm)
     rule = BSP(strategy, "cdd", shard_optimizer=shard)
     rule.setup(model, comm)
-    steps(model, rule, 1 if state is None else STEPS + 1, STEPS if state is None else MORE)
+    steps(model, rule, 1 if state is None else STEPS + 1, STEPS if state is None else MORE, k)
     emptied = [
         v.get_value(borrow=True).size == 0 for i in range(3) for v in model.optimizer.slots(i)
     ]
@@ -95,7 +91,13 @@ def train(strategy: str, optimizer: str, shard: bool, state=None):
     return [np.array(a) for a in get_values(model.params)], whole, rule
 
 
-def close(got: list[np.ndarray], want: list[np.ndarray], what: str, exact: bool) -> None:
+#: unsharded ``ar`` at N > 2 sums the ranks' gradients in MPI's order, the reduce-scatter in
+#: rank order: a float32 rounding in the first step, grown over 20 steps of a chaotic run to
+#: 2e-4 of a few values (measured); a chunk misplaced by the padding would be off by O(1)
+RTOL, FLOOR = 1e-3, 1e-4
+
+
+def same(got: list[np.ndarray], want: list[np.ndarray], what: str, exact: bool = True) -> None:
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if exact:
             np.testing.assert_array_equal(a, b, err_msg=f"{what} {i}")
@@ -104,28 +106,28 @@ def close(got: list[np.ndarray], want: list[np.ndarray], what: str, exact: bool)
             np.testing.assert_allclose(a, b, rtol=RTOL, atol=atol, err_msg=f"{what} {i}")
 
 
-def check(strategy: str, optimizer: str) -> None:
+def check(strategy: str, optimizer: str, k: str = "1") -> None:
     comm = MPI.COMM_WORLD
-    exact = optimizer != "lars"
     start = get_values(model_with(optimizer).params)
     start = [np.array(a) for a in start]
-    want, plain_state, _ = train(strategy, optimizer, shard=False)
-    got, state, rule = train(strategy, optimizer, shard=True)
+    want, plain_state, _ = train(strategy, optimizer, False, int(k))
+    got, state, rule = train(strategy, optimizer, True, int(k))
     assert rule.sharded is not None and "sharded 1/" in rule.describe()
     assert any(not np.array_equal(p, q) for p, q in zip(want, start, strict=True)), "trained"
-    close(got, want, "parameter", exact)
+    exact = strategy != "ar" or comm.Get_size() <= 2  # a + b = b + a
+    same(got, want, "parameter", exact)
     everyone = comm.allgather([v.tobytes() for v in got])
     assert all(e == everyone[0] for e in everyone), "ranks hold different parameters"
-    close(state, plain_state, "gathered state", exact)
+    same(state, plain_state, "gathered state", exact)
     if optimizer in ("sgd", "adam"):  # one state slot and two: the rest lays them out alike
         # a resume from the sharded run's checkpoint, unsharded and sharded, goes on as the
         # unsharded run does (on any N: the whole state is laid out as an unsharded run's)
-        ref, _, _ = train(strategy, optimizer, shard=False, state=(want, plain_state))
+        ref, _, _ = train(strategy, optimizer, False, int(k), state=(want, plain_state))
         for shard in (False, True):
-            again, _, _ = train(strategy, optimizer, shard=shard, state=(got, state))
-            close(again, ref, f"resumed (shard={shard})", exact)
+            again, _, _ = train(strategy, optimizer, shard, int(k), state=(got, state))
+            same(again, ref, f"resumed (shard={shard})", exact)
     if comm.Get_rank() == 0:
-        print("OK", strategy, optimizer, flush=True)
+        print("OK", strategy, optimizer, k, flush=True)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,16 @@ class SGD(Optimizer):
         return out
 
 
+def _norm(x: Any, fx: str) -> Any:
+    """``||x||``: the float32 squares summed in float64, then rounded once. A ZeRO-1 shard
+    (:mod:`theanompi.rules.sharded`) adds up pieces' sums the same way and gets the same
+    float32 norm (but for a float64 rounding at a float32 boundary), where a float32 sum in
+    another order would differ in its last bits and LARS's ratio with it."""
+    import pytensor.tensor as pt
+
+    return pt.sqrt(pt.sum(pt.sqr(x), acc_dtype="float64", dtype="float64")).astype(fx)
+
+
 class LARS(SGD):
     """Layer-wise adaptive rate scaling (You, Gitman & Ginsburg 2017, arXiv:1708.03888,
     Algorithm 1) on :class:`SGD` with momentum: NVIDIA apex's ``LARC(clip=False)`` around
@@ -299,7 +309,7 @@ class LARS(SGD):
         if p in self.norms:  # a shard's piece: its whole parameter's norms, given
             w_norm, g_norm = self.norms[p]
         else:
-            w_norm, g_norm = pt.sqrt(pt.sum(pt.sqr(p))), pt.sqrt(pt.sum(pt.sqr(g)))
+            w_norm, g_norm = _norm(p, fx), _norm(g, fx)
         ratio = (
             np.asarray(self.eta, fx) * w_norm / (g_norm + wd * w_norm + np.asarray(self.eps, fx))
         )

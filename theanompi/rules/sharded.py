@@ -11,8 +11,8 @@ float32: parameters are never rounded); the optimiser's state and update work ar
 
 The update is the optimiser's own compiled graph (:meth:`~theanompi.models.optim.Optimizer.over`
 the chunk's pieces of parameters, tagged as their parameters), so each element gets the bits an
-unsharded step gives it; only LARS's norms, summed piece by piece and then over the ranks,
-round differently.
+unsharded step gives it. LARS's layer norms sum the float32 squares in float64 (its own graph
+does too), piece by piece and then over the ranks, and round once: the same float32 norms.
 
 The model's state variables hold the whole state only where it is read whole: they are emptied
 once this rank has taken its chunk, and :meth:`ShardedUpdate.whole_state` gathers it on rank 0
@@ -172,10 +172,9 @@ class ShardedUpdate:
         m = len(self.shapes)
         sums = np.zeros(2 * m)
         for (i, *_), piece, g in zip(self.spans, self.pieces, self.piece_grads, strict=True):
-            w, d = piece.get_value(borrow=True), g.get_value(borrow=True)
-            sums[i] += np.dot(w, w)
-            sums[m + i] += np.dot(d, d)
-        self.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+            for at, x in ((i, piece.get_value(borrow=True)), (m + i, g.get_value(borrow=True))):
+                sums[at] += np.sum(np.square(x), dtype=np.float64)  # as LARS's own: float32
+        self.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)  # squares, float64 sums
         for (i, *_), (w_norm, g_norm) in zip(self.spans, self._norms, strict=True):
             w_norm.set_value(np.float32(np.sqrt(sums[i])))
             g_norm.set_value(np.float32(np.sqrt(sums[m + i])))
