@@ -3,7 +3,8 @@
 in a checkpoint, a requeue and a resumed run to the last epoch: SIGUSR1 to the job's steps
 (``--signal=USR1@T``, ``scancel --signal=USR1``), SIGUSR1 to every process of the job, the
 batch script included (``scancel --full``), and preemption by a job of a higher-priority
-partition (SIGTERM, GraceTime, requeue)."""
+partition (SIGTERM, GraceTime, requeue). Each test takes 25-35 s: a job, its requeue hold
+(``cred_expire``, 10 s) and the resumed job; the reference run is shared."""
 
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ def _same(a: Path, b: Path) -> None:
 def test_a_sharded_checkpoint_resumes_unsharded_on_another_n(
     cli, digits_data: Path, tmp_path: Path
 ) -> None:
+    """About 20 s: four ``tmpi train`` jobs, two of them 4 ranks on 2 cores."""
     a, b = tmp_path / "sharded_first", tmp_path / "sharded_after"
     out = _train(cli, digits_data, a, 2, 1, "--shard-optimizer")
     assert "optimizer state sharded 1/2 (ZeRO-1)" in out

@@ -145,24 +145,13 @@ class DistributedOptimizer:
     def _sharded(self, strategy: str, compression: str, op: str) -> Any:
         """The ZeRO-1 update of the wrapped optimiser over :attr:`params` and :attr:`grads`."""
         from theanompi.errors import ConfigError
-        from theanompi.exchange import STRATEGIES
         from theanompi.rules.sharded import ShardedUpdate
 
-        cls = STRATEGIES.get(strategy)
-        if op != "mean" or not cls.reduces_by_chunks:
-            can = ", ".join(s for s in STRATEGIES if STRATEGIES.get(s).reduces_by_chunks)
-            raise ConfigError(
-                f"shard=True needs op='mean' and a strategy that reduces by chunks ({can}); "
-                f"got op={op!r}, strategy={strategy!r}"
-            )
+        if op != "mean":
+            raise ConfigError(f"shard=True averages the gradients: op='mean', got op={op!r}")
         if self.params != list(getattr(self.optimizer, "params", [])):
             raise ConfigError("shard=True updates the optimizer's own params; leave params unset")
-        wire = (
-            cls.implied_compression
-            if compression == "none" and cls.implied_compression
-            else compression
-        )
-        return ShardedUpdate(self.optimizer, self.grads, self.comm, wire)
+        return ShardedUpdate(self.optimizer, self.grads, self.comm, strategy, compression)
 
     def whole_state(self) -> Any:
         """Collective context: ``optimizer.state`` whole on rank 0 (a checkpoint's), when

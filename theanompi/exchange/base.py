@@ -68,16 +68,24 @@ class Exchanger:
     #: auto`` then keeps it flat)
     node_aware = False
 
+    @classmethod
+    def wire_compression(cls, compression: str) -> str:
+        """What this strategy sends given ``compression``: its :attr:`implied_compression`, or
+        ``compression``; an unknown name, or another than the implied one, is a one-line
+        ``ConfigError``."""
+        COMPRESSORS.get(compression)
+        implied = cls.implied_compression
+        if implied is not None and compression not in ("none", implied):
+            raise ConfigError(
+                f"exchanger {cls.name!r} always sends {implied}, got compression={compression!r}; "
+                f"drop the compression or choose it with another strategy"
+            )
+        return implied or compression
+
     def __init__(self, comm: Any = None, op: str = "mean", compression: str = "none") -> None:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; choose from {', '.join(map(repr, OPS))}")
-        COMPRESSORS.get(compression)  # a one-line ConfigError for an unknown name
-        implied = self.implied_compression
-        if implied is not None and compression not in ("none", implied):
-            raise ConfigError(
-                f"exchanger {self.name!r} always sends {implied}, got compression={compression!r}; "
-                f"drop the compression or choose it with another strategy"
-            )
+        wire = self.wire_compression(compression)
         if comm is None:
             from mpi4py import MPI
 
@@ -92,7 +100,7 @@ class Exchanger:
                 f"exchanger {self.name!r} needs a power-of-2 number of ranks, got N={self.size}; "
                 f"run with -n {lower} or -n {lower * 2}, or use strategy 'ar' (any N)"
             )
-        self.compressor: Compressor = get_compressor(implied or compression, self.size, op)
+        self.compressor: Compressor = get_compressor(wire, self.size, op)
         self._shapes: list[tuple[int, ...]] | None = None
 
     def __repr__(self) -> str:

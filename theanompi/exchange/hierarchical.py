@@ -116,7 +116,7 @@ class HierarchicalExchanger(Exchanger):
 
         super().__init__(comm, op, compression)
         self.strategy, self.poll_s = strategy, float(poll_s)
-        wire = cls.implied_compression or compression
+        wire = cls.wire_compression(compression)
         if self.size == 1:
             self.node_size, self.nodes, self._leaders = 1, 1, None
             self._inner: Exchanger | None = None

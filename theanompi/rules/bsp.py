@@ -106,10 +106,10 @@ class BSP(SyncRule):
 
     @classmethod
     def check_sharding(cls, weight_exchange: Any) -> None:
-        from theanompi.exchange import STRATEGIES
+        from theanompi.rules.sharded import sharding_strategies
 
         we = weight_exchange
-        can = [s for s in STRATEGIES if STRATEGIES.get(s).reduces_by_chunks]
+        can = sharding_strategies()
         if we.sync_type != "cdd":
             raise ConfigError(
                 "weight_exchange.shard_optimizer divides one update of averaged gradients; "
@@ -179,12 +179,10 @@ class BSP(SyncRule):
         self._comm = comm
         self._meet = comm.Dup()
         if self.shard_optimizer and self.cdd:  # serial: the buckets of overlap are whole
-            from theanompi.exchange import STRATEGIES
             from theanompi.rules.sharded import ShardedUpdate
 
-            implied = STRATEGIES.get(self.strategy).implied_compression
-            wire = implied if self.compression == "none" and implied else self.compression
-            self.sharded = ShardedUpdate(model.optimizer, model.grads, comm, wire)
+            opt, grads = model.optimizer, model.grads
+            self.sharded = ShardedUpdate(opt, grads, comm, self.strategy, self.compression)
             return
         self._node_first = hierarchical_wanted(self.hierarchical, comm, self.strategy)
         shared = self._shared(model)

@@ -34,7 +34,14 @@ from theanompi.exchange.compression import COMPRESSORS
 from theanompi.models.optim import OPTIMIZERS, param_tags
 from theanompi.models.params import get_values
 
-__all__ = ["ShardedUpdate"]
+__all__ = ["ShardedUpdate", "sharding_strategies"]
+
+
+def sharding_strategies() -> list[str]:
+    """The strategies a sharded step can stand in for (their ``reduces_by_chunks``)."""
+    from theanompi.exchange import STRATEGIES
+
+    return [s for s in STRATEGIES if STRATEGIES.get(s).reduces_by_chunks]
 
 
 def _emptied(var: Any) -> None:
@@ -58,12 +65,24 @@ class ShardedUpdate:
         The gradient variables, one per parameter (what the backward pass wrote).
     comm
         The workers' communicator.
-    compression
-        ``weight_exchange.compression`` as the strategy implies it (``fp16`` for asa16).
+    strategy, compression
+        The exchange the sharded step stands in for (one that reduces by chunks:
+        :func:`sharding_strategies`), and what goes on the wire (asa16 implies ``fp16``).
     """
 
-    def __init__(self, optimizer: Any, grads: list[Any], comm: Any, compression: str) -> None:
+    def __init__(
+        self, optimizer: Any, grads: list[Any], comm: Any, strategy: str, compression: str
+    ) -> None:
         import pytensor
+
+        from theanompi.exchange import STRATEGIES
+
+        if strategy not in sharding_strategies():
+            raise ConfigError(
+                f"shard_optimizer needs a strategy that reduces by chunks "
+                f"({', '.join(sharding_strategies())}), not {strategy!r}"
+            )
+        wire = STRATEGIES.get(strategy).wire_compression(compression)
 
         if type(optimizer) not in [OPTIMIZERS.get(name) for name in OPTIMIZERS]:
             raise ConfigError(
@@ -74,7 +93,7 @@ class ShardedUpdate:
         self.n, self.rank = comm.Get_size(), comm.Get_rank()
         values = get_values(optimizer.params)
         self.shapes = [v.shape for v in values]
-        self.wire = COMPRESSORS.get(compression)(size=self.n, op="mean")
+        self.wire = COMPRESSORS.get(wire)(size=self.n, op="mean")
         self.fusion = FusionBuffer([v.size for v in values], self.n, self.wire.wire_dtype)
         self._recv = np.empty_like(self.fusion.buffer)
         self.chunk = self.fusion.padded_count // self.n
