@@ -21,8 +21,8 @@ BRIDGE=tmsl0
 ACTIVE=/run/theanompi-slurm-sim  # the DIR of the cluster up now: one at a time (port 6817)
 CPUS=${SLURM_SIM_CPUS:-2}     # CPUs each simulated node offers (the ranks per node)
 # cred_expire also sets how long a requeued job waits (Reason=BeginTime) before it may start
-# again: 120 s by default, 10 s here
-CRED_EXPIRE=${SLURM_SIM_CRED_EXPIRE:-10}
+# again: 120 s by default, 5 s here (the least Slurm takes)
+CRED_EXPIRE=${SLURM_SIM_CRED_EXPIRE:-5}
 GRACE=${SLURM_SIM_GRACE:-30}  # s a preempted job has between SIGTERM and SIGKILL
 
 usage() { echo "usage: $0 up DIR | down DIR" >&2; exit 2; }

@@ -3,8 +3,8 @@
 in a checkpoint, a requeue and a resumed run to the last epoch: SIGUSR1 to the job's steps
 (``--signal=USR1@T``, ``scancel --signal=USR1``), SIGUSR1 to every process of the job, the
 batch script included (``scancel --full``), and preemption by a job of a higher-priority
-partition (SIGTERM, GraceTime, requeue). Each test takes 25-35 s: a job, its requeue hold
-(``cred_expire``, 10 s) and the resumed job; the reference run is shared."""
+partition (SIGTERM, GraceTime, requeue). Each test takes 20-25 s: a job, its requeue hold
+(``cred_expire``, 5 s) and the resumed job; the reference run is shared."""
 
 from __future__ import annotations
 
@@ -170,9 +170,9 @@ def test_usr1_to_every_process_of_the_job_requeues_and_resumes_to_the_last_epoch
     under the ranks: the launcher, which outlives the script here (proctrack/linuxproc; under
     proctrack/cgroup Slurm kills it too, see docs/cluster.md), requeues the job once the ranks
     have stopped (mpirun's daemons live on until Slurm's SIGKILL, KillWait later)."""
-    job, log = _started(slurm, digits_data, tmp_path, 12)
+    job, log = _started(slurm, digits_data, tmp_path, EPOCHS)
     _run(slurm, "scancel", "--signal=USR1", "--full", job)
-    _resumed_to_the_end(slurm, job, log, 12)
+    _resumed_to_the_end(slurm, job, log, EPOCHS)
 
 
 def test_preemption_by_a_higher_priority_partition_resumes_to_the_same_parameters(

@@ -1,4 +1,4 @@
-"""Per-rank program: 20 BSP cdd steps of a real PyTensor CNN with each optimiser, its state whole
+"""Per-rank program: 10 BSP cdd steps of a real PyTensor CNN with each optimiser, its state whole
 on every rank and sharded (ZeRO-1); checks both give the same parameters bit for bit (LARS's
 norms too: float64 sums of the float32 squares, piece by piece or whole),
 that every rank holds the same bits, that the model's whole state variables are emptied while
@@ -28,7 +28,7 @@ from theanompi.models.params import bcast_values, get_values, set_values  # noqa
 from theanompi.rules.bsp import BSP  # noqa: E402
 from theanompi.train.rng import get_rng_states, set_rng_states  # noqa: E402
 
-STEPS, MORE, B = 20, 5, 8
+STEPS, MORE, B = 10, 5, 8
 OPTIMIZERS = {  # every tag in play: weight decay on the weights only, Nesterov, LARS's ratio
     "sgd": {"model.optimizer": "sgd", "model.nesterov": True, "model.learning_rate": 0.05},
     "adam": {"model.optimizer": "adam", "model.learning_rate": 0.002},
@@ -92,8 +92,8 @@ def train(strategy: str, optimizer: str, shard: bool, k: int, state=None):
 
 
 #: unsharded ``ar`` at N > 2 sums the ranks' gradients in MPI's order, the reduce-scatter in
-#: rank order: a float32 rounding in the first step, grown over 20 steps of a chaotic run to
-#: 2e-4 of a few values (measured); a chunk misplaced by the padding would be off by O(1)
+#: rank order: a float32 rounding in the first step, grown by a chaotic run to 2e-4 of a few
+#: values over 20 steps (measured); a chunk misplaced by the padding would be off by O(1)
 RTOL, FLOOR = 1e-3, 1e-4
 
 

@@ -25,7 +25,7 @@ EVERY_OPTIMIZER = ["asa32:sgd", "asa32:adam", "asa32:adamw", "asa32:lars"]
 def test_sharded_optimizer_state_gives_the_unsharded_parameters(
     mpirun, n: int, specs: list[str]
 ) -> None:
-    """N=2 about 17 s, N=4 about 28 s (serial): every rank builds the digits CNN once per
+    """N=2 about 15 s, N=4 about 24 s (serial): every rank builds the digits CNN once per
     optimiser and trains it five times (two runs, three resumed), 4 ranks on 2 cores."""
     out = mpirun(n, [SCRIPT, *specs], timeout=600).stdout
     assert [line.split()[1:] for line in out.splitlines() if line.startswith("OK")] == [
