@@ -1,4 +1,4 @@
-"""MPI helpers: rank-0 logging, abort-on-exception, this rank's node, the rank before MPI starts."""
+"""MPI helpers: rank-0 logging, abort-on-exception, set-up errors reported once, this rank's node, the rank before MPI starts."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ __all__ = [
     "local_rank_from_env",
     "rank_from_env",
     "let_rank0_report",
+    "collective",
     "under_mpirun",
     "quick_singleton_start",
     "install_abort_hook",
@@ -69,6 +70,32 @@ def let_rank0_report() -> None:
     """
     if rank_from_env() != 0:
         time.sleep(ALIKE_ERROR_GRACE_S)
+
+
+def collective(comm: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` on every rank of ``comm``; if it raises a ``UserError`` on
+    any rank, rank 0 raises it (one line from the CLI) and the other ranks exit with its code.
+
+    For set-up steps that fail alike on all ranks (missing files, a wrong checkpoint), so
+    that the user sees one error line instead of one per rank: the twin, once MPI runs, of
+    :func:`let_rank0_report`.
+    """
+    from theanompi.errors import ConfigError, DataError, UserError
+
+    try:
+        out, err = fn(*args, **kwargs), None
+    except UserError as e:
+        out, err = None, e
+    info = None if err is None else (type(err).__name__, str(err), err.exit_code)
+    failed = [i for i in comm.allgather(info) if i is not None]
+    if not failed:
+        return out
+    if comm.Get_rank() == 0:
+        if err is not None:
+            raise err
+        name, msg, _ = failed[0]
+        raise (DataError if name == "DataError" else ConfigError)(msg)
+    raise SystemExit(failed[0][2])
 
 
 def local_rank_from_env() -> int:

@@ -7,7 +7,8 @@ numpy arrays and writing puts them back on the device, so the exchangers see num
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ __all__ = [
     "to_device",
     "get_values",
     "set_values",
+    "holding",
     "bcast_values",
     "check_same_layout",
     "value_digests",
@@ -66,6 +68,21 @@ def set_values(vars_: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
             v.container.storage[0] = jax.device_put(np.array(a, dtype=cur.dtype, copy=True))
         else:
             v.set_value(a, borrow=True)
+
+
+@contextmanager
+def holding(vars_: Sequence[Any], values: Sequence[np.ndarray] | None) -> Iterator[None]:
+    """Context: ``vars_`` hold ``values`` (a rule's: EASGD's centre, GOSGD's weighted mean),
+    their own values back after it; ``None``: their own, untouched."""
+    if values is None:
+        yield
+        return
+    own = [np.array(a, copy=True) for a in get_values(vars_)]
+    set_values(vars_, values)
+    try:
+        yield
+    finally:
+        set_values(vars_, own)
 
 
 def bcast_values(vars_: Sequence[Any], comm: Any, root: int = 0) -> None:

@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from theanompi.models.params import get_values, set_values
+from theanompi.models.params import holding
 from theanompi.train.agreement import check_finite
 from theanompi.train.workers import Workers, wtime
 
-__all__ = ["Checkpoints", "rule_values"]
-
-
-@contextmanager
-def rule_values(model: Any, values: list[np.ndarray] | None) -> Iterator[None]:
-    """Context: ``model.params`` hold ``values`` (the rule's: EASGD's centre, GOSGD's weighted
-    mean), this rank's own values back after it; ``None``: the model's own, untouched."""
-    if values is None:
-        yield
-        return
-    own = [np.array(a, copy=True) for a in get_values(model.params)]
-    set_values(model.params, values)
-    try:
-        yield
-    finally:
-        set_values(model.params, own)
+__all__ = ["Checkpoints"]
 
 
 class Checkpoints:
@@ -106,7 +88,7 @@ class Checkpoints:
             self.workers.average_buffers(model)
             settle = getattr(rule, "checkpoint_state", None)  # a SyncRule's: nothing in flight
             state = settle(model) if settle is not None else None
-            with rule_values(model, rule.eval_values(model)), rule.whole_state(model):
+            with rule.whole_state(model), holding(model.params, rule.eval_values(model)):
                 saved = self.snap.save(epoch, step, {"mid_epoch": True}, k, rank_state=state)
             self.last = str(saved)
         self._next_t = wtime() + 60 * self.every_minutes

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from theanompi.io.recorder import Recorder
 from theanompi.models.metrics import validate
-from theanompi.train.checkpoints import Checkpoints, rule_values
+from theanompi.models.params import holding
+from theanompi.train.checkpoints import Checkpoints
 from theanompi.train.progress import Progress, StepStats
-from theanompi.train.recorder import Recorder
 from theanompi.train.workers import Workers, wtime
 
 __all__ = ["EpochEnd"]
@@ -25,7 +26,7 @@ class EpochEnd:
         The loop's :class:`~theanompi.train.workers.Workers`,
         :class:`~theanompi.train.progress.Progress`,
         :class:`~theanompi.train.checkpoints.Checkpoints` and
-        :class:`~theanompi.train.recorder.Recorder`.
+        :class:`~theanompi.io.recorder.Recorder`.
     timeline
         :class:`~theanompi.io.timeline.Timeline`: validation is a ``validate`` span.
     n_epochs
@@ -65,7 +66,7 @@ class EpochEnd:
             values = rule.eval_values(model)
         with w.waiting("the buffer average"):
             w.average_buffers(model)
-        with rule_values(model, values):  # validate and save the rule's, train on our own
+        with holding(model.params, values):  # validate and save the rule's, train on our own
             t1 = wtime()
             with w.waiting("validation"):
                 v = validate(model, self.val, w.comm)

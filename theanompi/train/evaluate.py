@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from theanompi.comm import collective
 from theanompi.errors import ConfigError, DataError
 from theanompi.models.metrics import TOP_K, evaluate, indexed_batches
-from theanompi.train.collective import collective
 
 __all__ = [
     "run",

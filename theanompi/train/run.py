@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from theanompi.comm import collective
 from theanompi.errors import ConfigError
-from theanompi.train.collective import collective
 
 if TYPE_CHECKING:
     from theanompi.train.plan import FitPlan
@@ -235,7 +235,7 @@ def _fit(
 ) -> dict[str, Any]:
     """A worker's training: checkpoints, start values (rank 0's or the checkpoint's),
     the lr schedule and the record, then the Trainer's loop."""
-    from theanompi.train.recorder import Recorder
+    from theanompi.io.recorder import Recorder
     from theanompi.train.rng import seed_rngs
     from theanompi.train.snapshot import Snapshotter
     from theanompi.train.start_point import start_state

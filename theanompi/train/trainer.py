@@ -8,6 +8,7 @@ from typing import Any
 
 from theanompi.errors import DivergedError, ResourceError
 from theanompi.io import startup_trace
+from theanompi.io.recorder import Recorder
 from theanompi.launch.signals import StopFlag
 from theanompi.launch.watchdog import Watchdog
 from theanompi.models.params import assert_identical
@@ -15,7 +16,6 @@ from theanompi.train.agreement import Agreement
 from theanompi.train.checkpoints import Checkpoints
 from theanompi.train.epoch_end import EpochEnd
 from theanompi.train.progress import TIMES, Progress, StepStats
-from theanompi.train.recorder import Recorder
 from theanompi.train.schedule import LRSetter
 from theanompi.train.steps import LocalStep, StepTimes, add_step
 from theanompi.train.workers import Workers, wtime

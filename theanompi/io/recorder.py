@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from theanompi.comm import collective
 from theanompi.io.loggers import close_all
 from theanompi.io.record import RecordWriter, read_record
-from theanompi.train.collective import collective
 
 __all__ = ["Recorder"]
 
