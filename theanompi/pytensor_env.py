@@ -137,18 +137,23 @@ def thread_pools() -> list[dict[str, Any]]:
 
 
 def blas_info() -> dict[str, str]:
-    """What BLAS PyTensor links, for ``tmpi info``: its threads as ``threadpoolctl`` reports
-    them once it is loaded, else what it will start with."""
+    """What BLAS PyTensor links, for ``tmpi info`` and the benchmarks' machine line: its
+    threads, version and the kernel family it picked for this CPU (``SkylakeX``,
+    ``Haswell``, ...) as ``threadpoolctl`` reports them once it is loaded, else the threads
+    it will start with and ``kernel`` ``not loaded yet``."""
     lib = _openblas_library()
-    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    info = {"threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"), "version": "?"}
+    info["kernel"] = "not loaded yet"
     if lib is not None:
         for pool in thread_pools():
             if Path(pool.get("filepath", "")).resolve() == lib.resolve():
-                threads = str(pool["num_threads"])
+                info["threads"] = str(pool["num_threads"])
+                info["version"] = str(pool.get("version") or "?")
+                info["kernel"] = str(pool.get("architecture") or "?")
     return {
         "library": str(lib) if lib else "none (PyTensor falls back to numpy)",
         "ldflags": (blas_ldflags()[:120] + " ...") if blas_ldflags() else "",
-        "threads": threads,
+        **info,
     }
 
 

@@ -37,6 +37,9 @@ def test_small_cnn_table_covers_every_op(tmp_path: Path, capsys: pytest.CaptureF
     assert sum(mem["kinds"].values()) == pytest.approx(mem["peak_mb"], rel=1e-9)
     assert mem["kinds"]["conv forward"] > 0 and mem["state_mb"] > mem["params_mb"] > 0
     assert "MB alive at the train step's peak" in text
+    # the machine beside the ratios: the BLAS kernel PyTensor's OpenBLAS picked for this CPU
+    assert text.startswith("machine: ") and res["machine"]["blas_kernel"] in text.splitlines()[0]
+    assert res["machine"]["blas"].startswith("openblas")
 
 
 def test_memory_at_peak_of_two_chained_convs() -> None:

@@ -483,9 +483,14 @@ def main(argv: list[str] | None = None) -> int:
     cases = parse_cases(args.case or ["small_cnn:32", "small_cnn_wide:128"], "tmpi bench layers")
     if cases is None:
         return 2
+    from theanompi.bench._machine import describe, machine_line
+
     results: list[dict[str, Any]] = []
     for name, batch in cases:
         ours = profile_ours(name, batch, args.steps)
+        if not results:  # PyTensor's BLAS is loaded now: the kernel it picked can be named
+            machine = describe()
+            print(machine_line(machine), end="\n\n", flush=True)
         torch = _run_torch(name, batch, args.steps, args.threads)
         mem = memory_ours(name, batch)
         results.append(
@@ -493,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                 "model": name,
                 "batch": batch,
                 "threads": args.threads,
+                "machine": machine,
                 "ours": ours,
                 "torch": torch,
                 "memory": mem,

@@ -521,7 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     if cases is None:
         return 2
 
+    from theanompi.bench._machine import describe, machine_line
+
     gflops = _gemm_gflops(threads)
+    machine = describe()  # after the GEMM: PyTensor's BLAS and the kernel it picked are loaded
+    print(machine_line(machine))
     print(f"BLAS: 2048^2 float32 Dot22 = {gflops:.1f} GFLOP/s on {threads} thread(s)")
     rows = []
     use_torch = not args.no_torch
@@ -539,7 +543,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(
             args.json,
-            {"gemm_gflops": gflops, "threads": threads, "rows": rows, "compile": compile_rows},
+            {
+                "machine": machine,
+                "gemm_gflops": gflops,
+                "threads": threads,
+                "rows": rows,
+                "compile": compile_rows,
+            },
         )
     return 0
 

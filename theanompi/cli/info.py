@@ -42,6 +42,7 @@ def info() -> None:
     rows += [
         ("blas library", blas["library"]),
         ("blas threads", blas["threads"]),
+        ("blas kernel", f"{blas['kernel']} (openblas {blas['version']})"),
         ("blas ldflags", blas["ldflags"] or "(none)"),
     ]
     rows += [("thread pool", _pool(pool)) for pool in thread_pools()] or [("thread pool", "none")]
