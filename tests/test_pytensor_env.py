@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +140,37 @@ def test_a_wrong_or_missing_compile_cache_index_costs_one_walk(mpirun, tmp_path)
         assert all(int(c) == 0 and int(linked) == 0 for _, c, linked, *_ in healed), healed
         again = _compile_once_rows(mpirun, tmp_path, made_before=7)
         assert all(ok == "True" and walked == "False" for *_, ok, walked in again), again
+
+
+def test_blas_symbols_are_listed_once_per_library_file(tmp_path) -> None:
+    """The first process lists OpenBLAS's symbols with ``nm`` into the compile dir; a later one
+    (each rank's start) reads them there and links the same flags with no ``nm`` at all; a
+    file naming another library (or another build of it) is listed again."""
+    probe = (
+        "from theanompi.pytensor_env import blas_ldflags, compile_dir, SYMBOLS_FILE; "
+        "print(blas_ldflags()); print(compile_dir() / SYMBOLS_FILE)"
+    )
+    env = {**os.environ, "THEANOMPI_CACHE": str(tmp_path / "cache")}
+
+    def run(path: str) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env={**env, "PATH": path}, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    flags, kept = run(env["PATH"])
+    assert "-Dsgemm_=scipy_sgemm_" in flags and flags == blas_ldflags()
+    key, *symbols = Path(kept).read_text().splitlines()
+    lib, _, mtime = key.split()
+    assert "scipy_sgemm_" in symbols and int(mtime) == os.stat(lib).st_mtime_ns
+    no_nm = tmp_path / "bin"
+    no_nm.mkdir()
+    (no_nm / "nm").write_text(f"#!/bin/sh\ntouch {tmp_path}/nm-ran\nexit 1\n")
+    (no_nm / "nm").chmod(0o755)
+    assert run(f"{no_nm}:{env['PATH']}")[0] == flags  # read back
+    assert not (tmp_path / "nm-ran").exists(), "nm ran again"
+    # another library's list (unprefixed: it would drop the -D macros) is not taken
+    Path(kept).write_text("/another/libopenblas.so 1 2\nsgemm_\n")
+    assert run(env["PATH"])[0] == flags and Path(kept).read_text().splitlines()[0] == key
