@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from theanompi.comm import local_size_from_env
+from theanompi.io.atomic import atomic_write
 
 __all__ = [
     "configure",
@@ -112,13 +113,11 @@ def _exported_symbols(lib: Path) -> frozenset[str]:
     except (OSError, subprocess.CalledProcessError):
         return frozenset()
     symbols = frozenset(line.split()[-1] for line in out.splitlines() if line.strip())
-    try:  # whole or not at all: a reader sees the old file or the new one
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        tmp = kept.with_name(f".{SYMBOLS_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(key + "\n" + "\n".join(sorted(symbols)) + "\n")
-        os.replace(tmp, kept)
+    try:
+        with atomic_write(kept) as tmp:
+            tmp.write_text(key + "\n" + "\n".join(sorted(symbols)) + "\n")
     except OSError:
-        pass
+        pass  # a read-only cache: the next process lists them again
     return symbols
 
 
@@ -169,8 +168,11 @@ def blas_info() -> dict[str, str]:
     ``Haswell``, ...) as ``threadpoolctl`` reports them once it is loaded, else the threads
     it will start with and ``kernel`` ``not loaded yet``."""
     lib = _openblas_library()
-    info = {"threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"), "version": "?"}
-    info["kernel"] = "not loaded yet"
+    info = {
+        "threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+        "version": "?",
+        "kernel": "not loaded yet",
+    }
     if lib is not None:
         for pool in thread_pools():
             if Path(pool.get("filepath", "")).resolve() == lib.resolve():

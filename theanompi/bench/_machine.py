@@ -41,7 +41,7 @@ def describe(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
         "cpu": model,
         "cpus": os.cpu_count() or 1,
         "isa": [f for f in ISA_FLAGS if f in flags],
-        "blas": f"openblas {blas['version']}" if blas["kernel"] != "not loaded yet" else "openblas",
+        "blas": f"openblas {blas['version']}",
         "blas_kernel": blas["kernel"],
         "blas_threads": blas["threads"],
     }
