@@ -2,7 +2,8 @@
 two-node cluster: only its ranks (its mpirun daemon alive), or only its daemon. Either way the
 launcher ends with one line naming the host (mpirun's banners and the survivors' "Socket
 closed" reports dropped), exit 1, and no process left on either node. (SIGKILL of the whole
-node: ``test_cluster.py::test_killing_one_node_ends_the_job_naming_the_host``.)"""
+node: ``test_cluster.py::test_killing_one_node_ends_the_job_naming_the_host``.) A daemon that
+never reported back at launch is a start failure: the launch goes again."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from theanompi.launch.simcluster import SimCluster
 from theanompi.launch.testing import REPO
 
-from .conftest import kill_and_wait, start_until
+from .conftest import kill_and_wait, show, start_until, tmpi_on_cluster
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 
@@ -64,3 +65,25 @@ def test_a_killed_remote_node_is_one_line(
     while (cluster.pids(0) or cluster.pids(1)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert cluster.pids(0) == [] and cluster.pids(1) == []
+
+
+def test_a_daemon_that_never_reported_back_is_launched_again(
+    cluster: SimCluster, data: Path, tmp_path: Path
+) -> None:
+    """nodeb's launch agent exits 255 before its daemon starts, once (as one CI run saw, no
+    rank placed yet): mpirun says "A daemon failed to report back", the launcher says it
+    launches again, and the second launch trains to the end."""
+    count = tmp_path / "count"
+    once = f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}; [ "$n" -ge 1 ] || exit 255;'
+    train, *args = tiny_train_args(data, tmp_path / "r", epochs=1)
+    with cluster.node_setup(1, once):
+        proc = tmpi_on_cluster(cluster, train, *args, timeout=240)
+    assert proc.returncode == 0, show(proc)
+    assert (
+        proc.stderr.count(
+            "tmpi: mpirun failed to start (its daemon on 198.18.0.2 never reported back); "
+            "launching again (2/3)"
+        )
+        == 1
+    ), show(proc)
+    assert count.read_text().strip() == "2"

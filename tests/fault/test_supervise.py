@@ -85,12 +85,14 @@ This is usually due to either a failure of the TCP network
 def test_mpirun_banners_for_a_lost_host_name_it_and_its_ranks() -> None:
     """The two banners Open MPI 5 prints when a node's daemon dies (captured on the simulated
     cluster); "failed to report back" counts only where ranks ran (else: a start-up failure)."""
-    from theanompi.launch.banners import failure_line, lost_host, lost_line
+    from theanompi.launch.banners import failure_line, lost_host, lost_line, never_started
 
     placed = {0: "nodea", 1: "nodea", 2: "nodeb", 3: "nodeb"}
     assert lost_host(_LOST, {}) == "nodeb"
     assert lost_host(_REPORT_BACK, placed) == "nodeb"
     assert lost_host(_REPORT_BACK, {0: "nodea"}) is None
+    assert never_started(_REPORT_BACK, {}) == "its daemon on nodeb never reported back"
+    assert never_started(_REPORT_BACK, placed) == never_started(_REPORT_BACK) == ""
     assert lost_line("nodeb", placed).startswith("lost host nodeb (ranks 2-3): ")
     assert lost_line("nodeb", {5: "nodeb"}).startswith("lost host nodeb (rank 5): ")
     assert lost_line("nodec", placed).startswith("lost host nodec: ")

@@ -58,9 +58,17 @@ EXITED_BANNER = re.compile(rb"exited with non-zero status")
 _NOT_STARTED = re.compile(r"PMIx server's listener thread failed to start")
 
 
-def never_started(mpirun_output: str) -> bool:
-    """mpirun failed before starting any rank (its PMIx listener): the same launch may go again."""
-    return bool(_NOT_STARTED.search(mpirun_output))
+def never_started(mpirun_output: str, placed: Mapping[int, str] | None = None) -> str:
+    """Why mpirun failed before starting any rank, ``""`` where it did not (the same launch may
+    go again): its PMIx listener did not come up, or a daemon never reported back while no rank
+    had said where it runs (``placed`` empty; None where that is not known, as in captured
+    output, so a lost node is not taken for a start)."""
+    if _NOT_STARTED.search(mpirun_output):
+        return "its PMIx listener"
+    m = _NODE_LOST[0].search(mpirun_output)
+    if m and placed == {}:
+        return f"its daemon on {m.group(1)} never reported back"
+    return ""
 
 
 def _ranges(ranks: Sequence[int]) -> str:

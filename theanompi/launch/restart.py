@@ -24,12 +24,11 @@ START_TRIES = 3
 RETRY_LOG_ENV = "THEANOMPI_RETRY_LOG"
 
 
-def _again(k: int, cmd: Sequence[str]) -> None:
-    """Say that launch ``k`` never started and launch ``k + 1`` follows; note it in
+def _again(k: int, cmd: Sequence[str], why: str) -> None:
+    """Say that launch ``k`` never started (``why``) and launch ``k + 1`` follows; note it in
     ``$THEANOMPI_RETRY_LOG`` where set."""
     print(
-        f"tmpi: mpirun failed to start (its PMIx listener); launching again ({k + 1}/"
-        f"{START_TRIES})",
+        f"tmpi: mpirun failed to start ({why}); launching again ({k + 1}/{START_TRIES})",
         file=sys.stderr,
         flush=True,
     )
@@ -45,10 +44,11 @@ def run_started(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProces
     the captured-output twin of the launcher's own retry, for benches and tests."""
     for k in range(1, START_TRIES + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
-        if proc.returncode == 0 or not never_started(proc.stderr + proc.stdout):
+        why = never_started(proc.stderr + proc.stdout) if proc.returncode else ""
+        if not why:
             break
         if k < START_TRIES:
-            _again(k, cmd)
+            _again(k, cmd, why)
     return proc
 
 
@@ -59,7 +59,7 @@ def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> Attempt:
         result = supervise(cmd, env)
         if not result.not_started or k == START_TRIES:
             return result
-        _again(k, cmd)
+        _again(k, cmd, result.not_started)
         time.sleep(0.5 * k)
     raise AssertionError("unreachable")  # pragma: no cover
 

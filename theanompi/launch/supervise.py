@@ -45,15 +45,16 @@ _PR_SET_PDEATHSIG = 1
 class Attempt:
     """How one mpirun ended: ``code`` is what the launcher exits with, ``mpirun_code`` what
     mpirun returned, ``stopped`` whether the user asked to stop (Ctrl-C, SIGTERM, SIGHUP),
-    ``failure`` the one-line reason when a rank died (else ``""``), ``not_started`` whether
-    mpirun failed before starting any rank (:func:`~theanompi.launch.banners.never_started`)."""
+    ``failure`` the one-line reason when a rank died (else ``""``), ``not_started`` why
+    mpirun failed before starting any rank (:func:`~theanompi.launch.banners.never_started`;
+    ``""``: it started)."""
 
     code: int
     mpirun_code: int
     stopped: bool
     failure: str
     seconds: float
-    not_started: bool = False
+    not_started: str = ""
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
@@ -250,7 +251,7 @@ class SupervisedRun:
             code = 1
         else:
             code = rc
-        not_started = not stopped and not out.placed and never_started(tail)
+        not_started = "" if stopped or out.placed else never_started(tail, out.placed)
         return Attempt(code, rc, stopped, failure, time.monotonic() - self.t0, not_started)
 
 
