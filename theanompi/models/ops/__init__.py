@@ -85,15 +85,18 @@ def jax_mode() -> Any:
 
 
 def c_mode() -> Any:
-    """PyTensor's C linker (FAST_RUN), our C++ kernels with BLAS, on CPU: the configured mode with its ``cvm`` linker replaced by one that compiles a cold graph's
-    C modules in parallel (:mod:`theanompi.models.ops._parallel`); ``None`` (the configured
+    """PyTensor's C linker (FAST_RUN), our C++ kernels with BLAS, on CPU: the configured mode,
+    its ``cvm`` linker replaced by one that compiles a cold graph's C modules in parallel
+    (:mod:`theanompi.models.ops._parallel`), its rewritten graphs kept in the compile dir for
+    the next process (:mod:`theanompi.models.ops._graph_cache`); ``None`` (the configured
     default) when the user chose another linker."""
     import pytensor
-    from pytensor.compile.mode import Mode, get_default_mode
+    from pytensor.compile.mode import get_default_mode
 
+    from theanompi.models.ops._graph_cache import CachedRewriteMode
     from theanompi.models.ops._parallel import ParallelCVMLinker
 
     if pytensor.config.linker != "cvm":
         return None
     default = get_default_mode()
-    return Mode(linker=ParallelCVMLinker(), optimizer=default.provided_optimizer)
+    return CachedRewriteMode(linker=ParallelCVMLinker(), optimizer=default.provided_optimizer)
