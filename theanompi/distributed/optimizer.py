@@ -82,7 +82,8 @@ class DistributedOptimizer:
         with one line naming the late rank(s), as ``tmpi train``'s watchdog; 0: none.
         Default ``$THEANOMPI_STALL_TIMEOUT``, else 300.
     mode
-        The ``pytensor.function`` mode (default: the configured one, the C linker).
+        The ``pytensor.function`` mode (default: the C linker's, whose rewritten graphs are
+        kept for the next process; the configured one where that is not ``cvm``).
     """
 
     def __init__(
@@ -109,8 +110,10 @@ class DistributedOptimizer:
 
         from theanompi.comm import world
         from theanompi.exchange import create_exchanger
+        from theanompi.models.ops import c_mode
         from theanompi.models.params import check_same_layout, get_values
 
+        mode = c_mode() if mode is None else mode
         self.optimizer = optimizer
         self.params = list(params if params is not None else optimizer.params)
         self._check_params()

@@ -31,6 +31,7 @@ import numpy as np
 from theanompi.errors import ConfigError
 from theanompi.exchange._fusion import FusionBuffer
 from theanompi.exchange.compression import COMPRESSORS
+from theanompi.models.ops import c_mode
 from theanompi.models.optim import OPTIMIZERS, param_tags
 from theanompi.models.params import get_values
 
@@ -121,7 +122,11 @@ class ShardedUpdate:
         self.shard = optimizer.over(self.pieces)  # its state: this rank's chunk of the state
         self._norms = self._lars_norms()
         self._update = pytensor.function(
-            [], [], updates=self.shard.updates(self.piece_grads), name="ShardedUpdate"
+            [],
+            [],
+            updates=self.shard.updates(self.piece_grads),
+            name="ShardedUpdate",
+            mode=c_mode(),
         )
         self._take(optimizer)
 
