@@ -83,7 +83,7 @@ def _code_stamp() -> str:
 
 class _KeyPickler(pickle.Pickler):
     """Pickles a graph for its digest: inputs as their positions, Variables without their
-    process-local ``auto_name`` and ``tag`` (traces)."""
+    process-local ``auto_name`` and ``tag`` (traces) but for ``indestructible``."""
 
     def __init__(self, file: io.BytesIO, inputs: list[Variable]) -> None:
         super().__init__(file, protocol=5)
@@ -102,8 +102,14 @@ class _KeyPickler(pickle.Pickler):
         # (the Variables of Composite Ops' frozen inner graphs pickle as their place already)
         if "__reduce__" not in type(obj).__dict__ and "__reduce_ex__" not in obj.__dict__:
             state = {k: v for k, v in obj.__dict__.items() if k not in ("auto_name", "tag")}
+            state["indestructible"] = _indestructible(obj)  # the one tag rewrites read
             return (object.__new__, (type(obj),), state)
         return NotImplemented
+
+
+def _indestructible(v: Variable) -> bool:
+    """Whether in-place Ops must leave ``v`` alone (``tag.indestructible``)."""
+    return bool(getattr(v.tag, "indestructible", False))
 
 
 def _inner_graph(inputs: list[Variable], outputs: list[Variable]) -> None:
@@ -144,7 +150,7 @@ def graph_key(fgraph: Any, inputs: list[Any], outputs: list[Any], mode: Any) -> 
     buf = io.BytesIO()
     _KeyPickler(buf, list(fgraph.inputs)).dump(
         (
-            [v.type for v in fgraph.inputs],
+            [(v.type, _indestructible(v)) for v in fgraph.inputs],
             list(fgraph.outputs),
             sorted(fgraph.update_mapping.items()),
             [(bool(i.mutable), bool(i.borrow), i.update is not None) for i in inputs],
@@ -195,6 +201,8 @@ def _load(path: Path, fgraph: Any) -> tuple[list[Variable], dict[Any, list[Any]]
         return None
     if not isinstance(outs, list) or len(outs) != len(fgraph.outputs):
         return None
+    if not all(old.type.is_super(new.type) for old, new in zip(fgraph.outputs, outs, strict=True)):
+        return None  # checked before anything changes: a failed transplant would leave half
     return outs, dict(orderings)
 
 
