@@ -81,9 +81,8 @@ def _code_stamp() -> str:
     return _stamp
 
 
-class _KeyPickler(pickle.Pickler):
-    """Pickles a graph for its digest: inputs as their positions, Variables without their
-    process-local ``auto_name`` and ``tag`` (traces) but for ``indestructible``."""
+class _GraphPickler(pickle.Pickler):
+    """Pickles the rewritten outputs with the graph's inputs as their positions."""
 
     def __init__(self, file: io.BytesIO, inputs: list[Variable]) -> None:
         super().__init__(file, protocol=5)
@@ -93,6 +92,11 @@ class _KeyPickler(pickle.Pickler):
         if isinstance(obj, Variable) and id(obj) in self._inputs:
             return ("in", self._inputs[id(obj)])
         return None
+
+
+class _KeyPickler(_GraphPickler):
+    """Pickles a graph for its digest: inputs as their positions, Variables without their
+    process-local ``auto_name`` and ``tag`` (traces) but for ``indestructible``."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, FunctionGraph):  # an inner graph (OpFromGraph): its sets and timings
@@ -114,19 +118,6 @@ def _indestructible(v: Variable) -> bool:
 
 def _inner_graph(inputs: list[Variable], outputs: list[Variable]) -> None:
     """Stands for an inner FunctionGraph in a key (never called: keys are not unpickled)."""
-
-
-class _GraphPickler(pickle.Pickler):
-    """Pickles the rewritten outputs with the graph's inputs as their positions."""
-
-    def __init__(self, file: io.BytesIO, inputs: list[Variable]) -> None:
-        super().__init__(file, protocol=5)
-        self._inputs = {id(v): i for i, v in enumerate(inputs)}
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, Variable) and id(obj) in self._inputs:
-            return ("in", self._inputs[id(obj)])
-        return None
 
 
 class _GraphUnpickler(pickle.Unpickler):
