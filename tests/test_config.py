@@ -296,7 +296,15 @@ def test_sections_are_typed_and_frozen(tmp_path: Path) -> None:
     assert cfg.model.get("nope", 1) == 1 and "batch_size" in cfg.model
     # to_dict keeps its shape: plain dicts and lists, JSON-able
     d = cfg.to_dict()
-    assert list(d) == ["data", "weight_exchange", "randomness", "training", "output", "model"]
+    assert list(d) == [
+        "data",
+        "weight_exchange",
+        "randomness",
+        "training",
+        "output",
+        "elastic",
+        "model",
+    ]
     assert d["model"]["lr_step"] == [2, 4] and d["model"]["arch"] == {"hidden": [5]}
     assert json.loads(json.dumps(d)) == d
     assert set(d["weight_exchange"]) == set(WeightExchangeSection.defaults())

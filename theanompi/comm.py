@@ -34,6 +34,11 @@ __all__ = [
     "local_size",
     "host_layout",
     "describe_hosts",
+    "made",
+    "revoke_made",
+    "is_rank_failure",
+    "set_world",
+    "exit_if_shrunk",
 ]
 
 
@@ -114,11 +119,77 @@ def local_size_from_env() -> int:
     return 1
 
 
+_WORLD: Any = None  # the world left after an elastic shrink (set_world); None: COMM_WORLD
+_MADE: list[Any] = []  # the communicators this process made on it (made), revoked together
+
+
 def world() -> Any:
-    """``MPI.COMM_WORLD`` (imported lazily so that ``tmpi --help`` does not start MPI)."""
+    """``MPI.COMM_WORLD`` (imported lazily so that ``tmpi --help`` does not start MPI), or,
+    after an elastic shrink, the communicator of the ranks left (:func:`set_world`)."""
+    if _WORLD is not None:
+        return _WORLD
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+def set_world(comm: Any) -> None:
+    """After an elastic shrink (ULFM): ``comm``, the ranks left, is the job's world from now on
+    for :func:`world` (COMM_WORLD still holds the lost ranks: a collective on it fails)."""
+    global _WORLD
+    _WORLD = comm
+
+
+def exit_if_shrunk(code: Any) -> None:
+    """After an elastic shrink (:func:`set_world`): meet the ranks left, then end this process
+    with ``code`` (``sys.exit``'s) without ``MPI_Finalize``, which waits for the lost ranks
+    for ever when rank 0 of COMM_WORLD is one of them (Open MPI 5.0 with ULFM; measured)."""
+    if _WORLD is None:
+        return
+    try:
+        _WORLD.Barrier()
+    except Exception:  # noqa: BLE001 - another loss at the very end: exit all the same
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def made(comm: Any) -> Any:
+    """``comm``, a communicator this process made (a ``Dup``, a ``Split``), kept so that
+    :func:`revoke_made` reaches it; returns it."""
+    _MADE.append(comm)
+    return comm
+
+
+def revoke_made() -> None:
+    """ULFM: revoke every communicator :func:`made` kept, so that a rank waiting in any of them
+    for a peer that left the collective (not only for the lost rank) gets ``ERR_REVOKED``
+    instead of waiting for ever; then forget them. Each ``Revoke`` is local and quick."""
+    while _MADE:
+        comm = _MADE.pop()
+        try:
+            comm.Revoke()
+        except Exception:  # noqa: BLE001 - freed already, or revoked by a peer first
+            pass
+
+
+def is_rank_failure(err: BaseException, comm: Any) -> bool:
+    """``err``, raised by an operation on ``comm``, is an MPI error that a lost peer explains:
+    ULFM's ``ERR_PROC_FAILED`` (or its pending form), ``ERR_REVOKED``, or any other class once
+    ``comm`` is revoked or knows of a failed rank (a nonblocking collective under way when a
+    peer failed can report ``MPI_ERR_OTHER``)."""
+    from mpi4py import MPI
+
+    if not isinstance(err, MPI.Exception):
+        return False
+    names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+    if err.Get_error_class() in {getattr(MPI, n, None) for n in names} - {None}:
+        return True
+    try:
+        return bool(comm.Is_revoked() or comm.Get_failed().Get_size())
+    except Exception:  # noqa: BLE001 - an MPI without ULFM: no lost peer to explain it
+        return False
 
 
 def rank() -> int:
@@ -156,7 +227,7 @@ def node_comm(comm: Any = None) -> Any:
     comm = world() if comm is None else comm
     key = comm.py2f()
     if key not in _NODE_COMMS:
-        _NODE_COMMS[key] = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        _NODE_COMMS[key] = made(comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()))
     return _NODE_COMMS[key]
 
 

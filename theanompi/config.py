@@ -48,6 +48,7 @@ __all__ = [
     "RandomnessSection",
     "TrainingSection",
     "OutputSection",
+    "ElasticSection",
     "ModelSection",
     "SCHEMA",
     "MODEL_SCHEMA",
@@ -196,6 +197,16 @@ class OutputSection(Section):
     loggers: tuple[str, ...] = key((), choices=_loggers)
 
 
+@dataclass(frozen=True)
+class ElasticSection(Section):
+    """``elastic``: a lost rank leaves the job and the others go on (BSP; mpirun with ULFM)."""
+
+    # go on while at least this many ranks are left (0: not elastic, a lost rank ends the job)
+    min_np: int = key(0, check=NON_NEGATIVE)
+    # copy parameters and optimiser state in memory every K steps: a loss redoes at most K
+    commit_every_steps: int = key(1, check=AT_LEAST_1)
+
+
 #: the run config's sections, in file order
 SCHEMA: dict[str, type[Section]] = {
     "data": DataSection,
@@ -203,6 +214,7 @@ SCHEMA: dict[str, type[Section]] = {
     "randomness": RandomnessSection,
     "training": TrainingSection,
     "output": OutputSection,
+    "elastic": ElasticSection,
 }
 #: the model config's keys
 MODEL_SCHEMA: type[ModelSection] = ModelSection
@@ -217,6 +229,7 @@ class Config:
     randomness: RandomnessSection
     training: TrainingSection
     output: OutputSection
+    elastic: ElasticSection
     model: ModelSection
     sources: tuple[str, ...] = ()
 
@@ -538,6 +551,13 @@ def _cross_check(cfg: Config) -> None:
         rule.check_accumulate(cfg.training.accumulate_steps)
     if cfg.weight_exchange.shard_optimizer:
         rule.check_sharding(cfg.weight_exchange)
+    if cfg.elastic.min_np:
+        rule.check_elastic(cfg.weight_exchange)
+        if cfg.output.timeline:
+            raise ConfigError(
+                "elastic.min_np: the timeline gathers every rank's spans at the end, and a "
+                "lost rank's are gone; set output.timeline: '' (or elastic.min_np: 0)"
+            )
 
 
 def check_world_size(cfg: Config, size: int) -> None:
@@ -552,6 +572,11 @@ def check_world_size(cfg: Config, size: int) -> None:
 
     rule = RULES.get(cfg.weight_exchange.sync_rule)
     rule.check_world(size)
+    if cfg.elastic.min_np > size:
+        raise ConfigError(
+            f"elastic.min_np={cfg.elastic.min_np} exceeds the {size} rank(s) started; "
+            f"use --min-np {size} or less, or -n {cfg.elastic.min_np}"
+        )
     if not rule.uses_strategy:
         return
     strategy = cfg.weight_exchange.exch_strategy

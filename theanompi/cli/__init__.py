@@ -51,6 +51,16 @@ def _whole_lines() -> None:
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a meaningful exit code."""
     try:
+        _main()
+    except SystemExit as done:  # after an elastic shrink: without MPI_Finalize (it would hang)
+        from theanompi.comm import exit_if_shrunk
+
+        exit_if_shrunk(done.code)
+        raise
+
+
+def _main() -> None:
+    try:
         _whole_lines()
         _take_placement_flags()
         app()

@@ -105,6 +105,7 @@ def _relaunch_if_asked(
     output: Any = None,
     before: Callable[[Any], None] | None = None,
     resume: bool = False,
+    ulfm: bool = False,
 ) -> None:
     """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code.
 
@@ -113,7 +114,8 @@ def _relaunch_if_asked(
     that a refusal is one line and nothing else (no mpirun banner). ``max_restarts``
     relaunches a failed run from the latest checkpoint of ``output`` (the config's
     ``output`` section: its checkpoint and record dirs); ``resume`` makes the first launch
-    continue the run as well (:func:`~theanompi.launch.mpirun.relaunch`)."""
+    continue the run as well and ``ulfm`` keeps the job after a lost rank
+    (:func:`~theanompi.launch.mpirun.relaunch`)."""
     if n is None or under_mpirun():
         return
     from theanompi.launch.hosts import Placement
@@ -127,7 +129,9 @@ def _relaunch_if_asked(
     if output is not None:
         dirs = {"checkpoint_dir": output.checkpoint_dir, "record_dir": output.record_dir}
     argv = sys.argv[1:]
-    code = relaunch(n, argv, placement=placement, max_restarts=max_restarts, resume=resume, **dirs)
+    code = relaunch(
+        n, argv, placement=placement, max_restarts=max_restarts, resume=resume, ulfm=ulfm, **dirs
+    )
     raise typer.Exit(code)
 
 

@@ -147,6 +147,14 @@ MaxRestarts = Annotated[
         "latest checkpoint, at most this many times (as torchrun).",
     ),
 ]
+MinNp = Annotated[
+    int | None,
+    typer.Option(
+        "--min-np",
+        help="Elastic (BSP): a lost rank leaves and the others go on from the last in-memory "
+        "commit while at least this many are left (elastic.min_np; as horovodrun).",
+    ),
+]
 OnSignal = Annotated[
     str | None,
     typer.Option(
@@ -224,6 +232,7 @@ class Reliability:
     stall_timeout: float | None = None
     max_restarts: int = 0
     on_signal: str | None = None
+    min_np: int | None = None
 
 
 class _Key(NamedTuple):
@@ -255,6 +264,7 @@ _CONFIG_KEYS = (
     _Key("schedule.warmup_epochs", "training.warmup_epochs"),
     _Key("launch.backend", "training.backend"),
     _Key("reliability.stall_timeout", "training.stall_timeout"),
+    _Key("reliability.min_np", "elastic.min_np"),
     _Key("output.timeline", "output.timeline"),
 )
 
@@ -344,6 +354,7 @@ def train(
     stall_timeout: StallTimeout = None,
     max_restarts: MaxRestarts = 0,
     on_signal: OnSignal = None,
+    min_np: MinNp = None,
 ) -> None:
     """Train a model with a sync rule. -n counts every rank, a rule's server included.
 
@@ -388,6 +399,7 @@ def run_training(s: TrainSettings) -> None:
             output=cfg.output,
             before=lambda placement: _check_before_launch(cfg, output, placement),
             resume=output.resume,  # a restarted Slurm job's ranks continue the run
+            ulfm=cfg.elastic.min_np > 0,  # a lost rank leaves; the others shrink and go on
         )
     from theanompi.io import startup_trace
 

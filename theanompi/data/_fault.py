@@ -5,6 +5,8 @@ prefetch thread, while producing that step's batch): the rank raises. Used by th
 tests to check that one raising rank stops the whole job with one line. ``kill`` (at the
 ``step`` point) makes the rank SIGKILL itself there: a real signal at a known step, where a
 kill from outside, timed by the job's output, can land steps late while mpirun's relay lags.
+Its rank is the process's rank at launch, so that after an elastic shrink (new ranks, the
+step trained again) it kills one process once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def fault_point(where: str, rank: int, step: int) -> None:
     if not spec:
         return
     parts = spec.split(":")
+    if parts[0] == "kill":
+        from theanompi.comm import rank_from_env
+
+        rank = rank_from_env()
     if len(parts) != 3 or parts[1] != str(rank) or parts[2] != str(step):
         return
     if parts[0] == where:

@@ -427,12 +427,21 @@ class TrainLoader:
         subs = self.sub_batches(epoch)
         return [subs[k * self.size + self.rank] for k in range(self.steps_per_epoch)]
 
-    def _produce(self, epoch: int, start: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def steps_left(self, dealt: int) -> int:
+        """This rank's steps of an epoch of which ``dealt`` sub-batches (the first of
+        :meth:`sub_batches`, by every rank) are trained: the whole rounds of ``size`` left
+        before the epoch's end (``steps_per_epoch * size`` sub-batches)."""
+        return max(0, self.steps_per_epoch * self.size - dealt) // self.size
+
+    def _produce(
+        self, epoch: int, start: int, dealt: int | None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         ds = self.ds
         subs = self.sub_batches(epoch)
         S, c, b = ds.S, ds.crop, ds.b
-        for k in range(start, self.steps_per_epoch):
-            g = k * self.size + self.rank
+        first = start * self.size if dealt is None else dealt
+        for k in range(start, start + self.steps_left(first)):
+            g = first + (k - start) * self.size + self.rank
             fault_point("loader", self.rank, epoch * self.steps_per_epoch + k)
             f, slot = subs[g]
             rng = np.random.default_rng([self.seed, int(epoch), g])
@@ -441,13 +450,17 @@ class TrainLoader:
             x = prepare_batch(ds.load(f), slot, b, ds.layout, ds.mean, c, offsets, flips)
             yield x, ds.sub_labels(f, slot)
 
-    def epoch(self, epoch: int, start: int = 0) -> Prefetcher:
+    def epoch(self, epoch: int, start: int = 0, dealt: int | None = None) -> Prefetcher:
         """Iterator of this rank's ``(x, y)`` for ``epoch`` (0-based), from step ``start``.
+
+        ``dealt``: the sub-batches of the epoch trained before step ``start`` (default
+        ``start * size``); after an elastic shrink, a world of another size trained them, and
+        the rest are dealt over this one from there.
 
         Use it as a context manager (or call ``close()``) when leaving early.
         """
         return Prefetcher(
-            self._produce(epoch, start), enabled=self.prefetch, name=f"train-e{epoch}"
+            self._produce(epoch, start, dealt), enabled=self.prefetch, name=f"train-e{epoch}"
         )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from theanompi.comm import is_power_of_two
+from theanompi.comm import is_power_of_two, made
 from theanompi.errors import ConfigError
 from theanompi.exchange.base import Exchanger
 from theanompi.exchange.compression import _F32_TINY, _U32, _gamma, get_compressor
@@ -123,9 +123,9 @@ class HierarchicalExchanger(Exchanger):
             return
         rank = self.rank
         if node is None:
-            self._node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            self._node = made(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank))
         else:
-            self._node = self.comm.Split(int(node), rank)
+            self._node = made(self.comm.Split(int(node), rank))
         self.local_rank, self.node_size = self._node.Get_rank(), self._node.Get_size()
         leader = self.local_rank == 0
         self.nodes = self.comm.allreduce(1 if leader else 0)
@@ -141,7 +141,7 @@ class HierarchicalExchanger(Exchanger):
         equal = self.comm.allreduce(self.node_size, op=MPI.MIN) == self._max_node
         self.striped = bool(striped and equal and self._max_node > 1)
         color = self.local_rank if self.striped else (0 if leader else MPI.UNDEFINED)
-        self._leaders = self.comm.Split(color, rank)  # striped: local rank j of every node
+        self._leaders = made(self.comm.Split(color, rank))  # striped: local rank j of every node
         self._inner = None
         if self.striped or leader:
             # the leaders wait asleep too: the node's other ranks share their cores

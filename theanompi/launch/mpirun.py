@@ -31,14 +31,17 @@ def find_mpirun() -> str:
     return found
 
 
-def mpirun_command(n: int, argv: Sequence[str], placement: Placement | None = None) -> list[str]:
-    """``mpirun -n n [hosts] --bind-to none [--oversubscribe] [mpi args] <argv>``.
+def mpirun_command(
+    n: int, argv: Sequence[str], placement: Placement | None = None, *, ulfm: bool = False
+) -> list[str]:
+    """``mpirun -n n [hosts] --bind-to none [--oversubscribe] [--with-ft ulfm] [mpi args] <argv>``.
 
     ``placement`` (default: :meth:`Placement.from_env`, which the CLI's ``--hostfile``,
     ``-H`` and ``--mpi-args`` fill; inside a Slurm allocation mpirun reads it itself) says
     where the ranks go. ``--oversubscribe`` only on this machine when n exceeds its cores;
     ``--bind-to none`` lets each rank's BLAS threads float (Open MPI would pin ranks to one
-    core each).
+    core each). ``ulfm``: a lost rank does not end the job; the others see MPI errors and may
+    shrink their communicator (elastic training, :mod:`theanompi.train.elastic`).
     """
     if n < 1:
         raise UserError(f"-n must be >= 1, got {n}")
@@ -46,6 +49,8 @@ def mpirun_command(n: int, argv: Sequence[str], placement: Placement | None = No
     cmd = [find_mpirun(), "-n", str(n), *placement.mpirun_args(n), "--bind-to", "none"]
     if not placement.hosts and n > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
+    if ulfm:
+        cmd += ["--with-ft", "ulfm"]
     return cmd + list(placement.mpi_args) + list(argv)
 
 
@@ -84,6 +89,7 @@ def relaunch(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     record_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
+    ulfm: bool = False,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
     (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures;
@@ -91,7 +97,8 @@ def relaunch(
     and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
     ``--resume`` from the latest checkpoint in ``checkpoint_dir``. ``resume``: the first
     launch continues the run too (a requeued Slurm job), with ``--resume`` and never
-    ``--overwrite`` whatever ``argv`` says.
+    ``--overwrite`` whatever ``argv`` says. ``ulfm``: mpirun keeps the job after a lost rank
+    (elastic training).
 
     ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
     ``argv`` still holds them, are not passed on to the ranks."""
@@ -112,7 +119,8 @@ def relaunch(
         if resume or from_checkpoint:  # the run continues: never --overwrite what it wrote
             args = [a for a in args if a != "--overwrite"]
             args += [] if "--resume" in args else ["--resume"]
-        return mpirun_command(n, [sys.executable, "-m", "theanompi.cli", *args], placement)
+        cmd = [sys.executable, "-m", "theanompi.cli", *args]
+        return mpirun_command(n, cmd, placement, ulfm=ulfm)
 
     return run_with_restarts(
         build,

@@ -42,6 +42,9 @@ _PEER_GONE = re.compile(rb"An MPI communication peer process has unexpectedly di
 # what each rank prints when it aborts with Open MPI's mpi_abort_delay (set by mpirun.relaunch
 # for jobs across nodes, so that a killed rank's node reports before its peers' aborts)
 _ABORT_DELAY = re.compile(rb"^\[[^\]\s]*\] Delaying for \d+ seconds before aborting\s*$")
+# Open MPI's libnbc, when a nonblocking collective meets a lost or revoked peer (under ULFM,
+# elastic training: the ranks' own line says who was lost), each followed by a blank line
+_NBC_ABORTED = re.compile(rb"^(NBC_Progress: an error \d+ was found|Error in NBC_Start_round)")
 # the ranks' placement tags (launcher_watch.watch_launcher), swallowed by the pumps
 _PLACE = re.compile(rb"tmpi-placement: rank (\d+) host (\S+) pid (\d+)\n?")
 _TAIL_LINES = 60  # mpirun's last lines kept, where its banners are looked for at the end
@@ -122,6 +125,7 @@ class _Stream:
         self.start = True
         self.held = False
         self.rest = b""
+        self.blank_after = False  # the next segment, when a blank line, is a dropped report's
 
 
 class OutputFilter:
@@ -213,6 +217,10 @@ class OutputFilter:
             return None  # mpirun's noise about ranks that stopped as asked or as they said
         if start and not self.banners and _ABORT_DELAY.match(line):
             return None  # our own mpi_abort_delay's notice
+        after, st.blank_after = st.blank_after, False
+        if start and not self.banners and (_NBC_ABORTED.match(line) or (after and line == b"\n")):
+            st.blank_after = line != b"\n"
+            return None
         opens = start and line.startswith(b"-----")
         if opens or st.banner:
             st.banner.append(line)

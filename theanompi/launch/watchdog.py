@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from theanompi.comm import is_rank_failure, made
 from theanompi.launch.blame import HUB, Blame
 from theanompi.launch.stacks import StackDumps
 
@@ -92,7 +93,7 @@ class Watchdog:
             else:
                 me = (MPI.Get_processor_name(), os.getpid() if self.stacks.register() else 0)
                 hosts, pids = (list(x) for x in zip(*comm.allgather(me), strict=True))
-                self.comm = comm.Dup()
+                self.comm = made(comm.Dup())
                 self.stacks.join(self.comm, hosts, pids)
                 self.blame.hosts = hosts
 
@@ -220,9 +221,14 @@ class Watchdog:
                 started = now
                 warned = False
             last = now
-            self._exchange(self._beat(now), heard, pending)
-            if self.stacks.active:
-                self.stacks.serve(status)
+            try:
+                self._exchange(self._beat(now), heard, pending)
+                if self.stacks.active:
+                    self.stacks.serve(status)
+            except Exception as err:
+                if is_rank_failure(err, self.comm):  # ULFM (elastic): the loop meets the loss
+                    return
+                raise
             st = self._state
             if st is None or not self._armed:
                 continue

@@ -125,6 +125,15 @@ class SyncRule:
             "shard_optimizer: false"
         )
 
+    @classmethod
+    def check_elastic(cls, weight_exchange: Any) -> None:
+        """One-line ``ConfigError`` when the rule cannot go on after a lost rank (``elastic``):
+        only BSP rebuilds itself on the ranks left so far."""
+        raise ConfigError(
+            f"elastic.min_np: sync_rule {cls.name} does not go on after a lost rank yet; "
+            "set sync_rule: BSP, or elastic.min_np: 0 (--max-restarts relaunches instead)"
+        )
+
     def whole_state(self, model: Any) -> contextlib.AbstractContextManager[None]:
         """Collective context around a checkpoint's save: ``model.opt_state`` whole on rank 0
         (a rule that divides it gathers it); by default it is already."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ClassVar
 
+from theanompi.comm import made
 from theanompi.errors import ConfigError
 from theanompi.models.params import get_values, set_values
 from theanompi.rules.base import SyncRule
@@ -121,6 +122,20 @@ class BSP(SyncRule):
                 f"({', '.join(can)}), not {we.exch_strategy!r}; set exch_strategy: {can[0]}"
             )
 
+    @classmethod
+    def check_elastic(cls, weight_exchange: Any) -> None:
+        we = weight_exchange
+        if we.shard_optimizer:
+            raise ConfigError(
+                "elastic.min_np: a sharded optimizer state (ZeRO-1) loses a rank's part with the "
+                "rank; set weight_exchange.shard_optimizer: false, or elastic.min_np: 0"
+            )
+        if we.overlap == "always":  # auto: never, under elastic (the exchange stays serial)
+            raise ConfigError(
+                "elastic.min_np: the overlapped exchange's thread cannot shrink its "
+                "communicator yet; set weight_exchange.overlap: auto or never"
+            )
+
     @property
     def local_opt_state(self) -> bool:
         # avg: each rank's momentum follows its own gradients; cdd: one update everywhere
@@ -177,7 +192,7 @@ class BSP(SyncRule):
         from theanompi.exchange.hierarchical import hierarchical_wanted
 
         self._comm = comm
-        self._meet = comm.Dup()
+        self._meet = made(comm.Dup())
         if self.shard_optimizer and self.cdd:  # serial: the buckets of overlap are whole
             from theanompi.rules.sharded import ShardedUpdate
 

@@ -78,9 +78,11 @@ class Checkpoints:
         checkpoint (never the epoch's last: the epoch checkpoint follows it)."""
         return bool(self.every_steps) and k % self.every_steps == 0 and not last
 
-    def save_mid(self, epoch: int, k: int, step: int) -> None:
-        """Collective: a mid-epoch checkpoint after ``k`` steps of ``epoch``: the rule's values
-        (EASGD's centre, GOSGD's weighted mean) with each rank's own state beside them."""
+    def save_mid(self, epoch: int, k: int, step: int, dealt: int) -> None:
+        """Collective: a mid-epoch checkpoint after ``k`` steps of ``epoch`` (``dealt`` of its
+        sub-batches trained, by all ranks: a resume on another number of ranks deals the rest):
+        the rule's values (EASGD's centre, GOSGD's weighted mean) with each rank's own state
+        beside them."""
         t0 = wtime()
         model, rule = self.model, self.rule
         with self.workers.waiting("a mid-epoch checkpoint"):
@@ -89,7 +91,8 @@ class Checkpoints:
             settle = getattr(rule, "checkpoint_state", None)  # a SyncRule's: nothing in flight
             state = settle(model) if settle is not None else None
             with rule.whole_state(model), holding(model.params, rule.eval_values(model)):
-                saved = self.snap.save(epoch, step, {"mid_epoch": True}, k, rank_state=state)
+                extra = {"mid_epoch": True, "dealt": dealt}
+                saved = self.snap.save(epoch, step, extra, k, rank_state=state)
             self.last = str(saved)
         self._next_t = wtime() + 60 * self.every_minutes
         self.timeline.add("checkpoint", t0, wtime(), step=step)

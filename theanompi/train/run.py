@@ -10,6 +10,7 @@ from theanompi.comm import collective
 from theanompi.errors import ConfigError
 
 if TYPE_CHECKING:
+    from theanompi.train.elastic import Commit, Resume
     from theanompi.train.plan import FitPlan
 
 __all__ = ["run", "create_rule", "build_model", "save_config", "train_loader", "check_accumulate"]
@@ -20,6 +21,10 @@ def create_rule(cfg: Any) -> Any:
     from theanompi.rules import RULES
 
     we = cfg.weight_exchange
+    if cfg.elastic.min_np and we.overlap == "auto":  # elastic: the exchange stays serial
+        import dataclasses
+
+        we = dataclasses.replace(we, overlap="never")
     return RULES.get(we.sync_rule).from_config(we, seed=cfg.randomness.seed)
 
 
@@ -102,11 +107,14 @@ def run(
     parts = collective(comm, _setup, cfg, wcomm, model, server is None)
     plan = FitPlan.from_config(cfg, resume, model_source)
     stall, stacks = float(cfg.training.stall_timeout), f"{cfg.output.run_dir}/stacks"
-    with Watchdog(comm, stall, stacks_dir=stacks) as watchdog:
-        if server is not None:
-            mine = server.serve()
-        else:
-            mine = _fit(plan, rule, wcomm, *parts, timeline, watchdog)
+    if cfg.elastic.min_np:  # BSP: every rank a worker
+        mine, comm = _fit_elastic(cfg, plan, comm, (rule, *parts), timeline, stall, stacks)
+    else:
+        with Watchdog(comm, stall, stacks_dir=stacks) as watchdog:
+            if server is not None:
+                mine = server.serve()
+            else:
+                mine = _fit(plan, rule, wcomm, *parts, timeline, watchdog)
     timeline.close()
     # every rank returns the first worker's summary, with what the servers add (serve_s)
     everyone = comm.allgather((server is not None, mine))
@@ -117,6 +125,78 @@ def run(
     return summary
 
 
+def _fit_elastic(
+    cfg: Any,
+    plan: FitPlan,
+    comm: Any,
+    parts: tuple[Any, ...],
+    timeline: Any,
+    stall: float,
+    stacks: str,
+) -> tuple[dict[str, Any], Any]:
+    """:func:`~theanompi.train.elastic.train_elastic` of the rule and loaders ``parts``
+    (rebuilt from ``cfg`` for the ranks left after a loss) and the built model; returns the
+    summary and the world it ended on."""
+    from theanompi.launch.slurm import EXIT_REQUEUED, job_id
+    from theanompi.launch.watchdog import Watchdog
+    from theanompi.train.elastic import Commit, train_elastic
+
+    model = parts[-1]
+    commit = Commit(model, cfg.elastic.commit_every_steps)
+
+    def fit(c: Any, p: tuple[Any, ...], resume: Resume | None) -> dict[str, Any]:
+        rule, train, val, _ = p
+        with Watchdog(c, stall, stacks_dir=stacks) as watchdog:
+            return _fit(plan, rule, c, train, val, model, timeline, watchdog, commit, resume)
+
+    def rebuild(c: Any) -> tuple[tuple[Any, ...], str]:
+        rule, note = _rule_for(cfg, c.Get_size())
+        rule.worker_comm(c)  # every rank a worker
+        return (rule, *_loaders(cfg, c.Get_rank(), c.Get_size()), model), note
+
+    return train_elastic(
+        comm,
+        parts,
+        min_np=int(cfg.elastic.min_np),
+        commit=commit,
+        fit=fit,
+        rebuild=rebuild,
+        log=(lambda t: print(f"[bsp] {t}", flush=True)),
+        stop_code=lambda: EXIT_REQUEUED if job_id() is not None else 1,
+    )
+
+
+def _rule_for(cfg: Any, size: int) -> tuple[Any, str]:
+    """The config's rule for ``size`` ranks left after a loss, and a note when its strategy
+    needs a power of 2 that ``size`` is not: the first strategy that takes any N instead."""
+    import dataclasses
+
+    from theanompi.comm import is_power_of_two
+    from theanompi.exchange import STRATEGIES
+
+    we = cfg.weight_exchange
+    cls = STRATEGIES.get(we.exch_strategy)
+    if not cls.requires_power_of_two or is_power_of_two(size):
+        return create_rule(cfg), ""
+    other = next(
+        s
+        for s in STRATEGIES
+        if not (STRATEGIES.get(s).requires_power_of_two or STRATEGIES.get(s).baseline)
+    )
+    wire = cls.wire_compression(we.compression)
+    on = other + ("" if wire == "none" else f"+{wire}")
+    note = f"; {we.exch_strategy} needs a power of 2: {on} on {size}"
+    we = dataclasses.replace(we, exch_strategy=other, compression=wire)
+    return create_rule(dataclasses.replace(cfg, weight_exchange=we)), note
+
+
+def _loaders(cfg: Any, rank: int, size: int) -> tuple[Any, Any]:
+    """Rank ``rank`` of ``size``'s training and validation loaders."""
+    from theanompi.data import ValLoader
+
+    return train_loader(cfg, rank, size), ValLoader(cfg, rank, size)
+
+
 def _setup(cfg: Any, comm: Any, model: Any, works: bool) -> tuple[Any, Any, Any] | None:
     """A worker's loaders and its built model (a node's ranks compile each module once:
     :mod:`theanompi.models.ops._parallel`), checked against
@@ -125,14 +205,12 @@ def _setup(cfg: Any, comm: Any, model: Any, works: bool) -> tuple[Any, Any, Any]
     (``works`` false)."""
     from mpi4py import MPI
 
-    from theanompi.data import ValLoader
     from theanompi.models.params import check_same_layout
 
     if not works:
         return None
     rank, size = comm.Get_rank(), comm.Get_size()
-    train = train_loader(cfg, rank, size)
-    val = ValLoader(cfg, rank, size)
+    train, val = _loaders(cfg, rank, size)
     built = build_model(
         cfg.model, train.input_shape, cfg.model.batch_size, model, cfg.training.backend
     )
@@ -232,13 +310,17 @@ def _fit(
     model: Any,
     timeline: Any,
     watchdog: Any = None,
+    commit: Commit | None = None,
+    resume: Resume | None = None,
 ) -> dict[str, Any]:
     """A worker's training: checkpoints, start values (rank 0's or the checkpoint's),
-    the lr schedule and the record, then the Trainer's loop."""
+    the lr schedule and the record, then the Trainer's loop. Elastic: ``commit`` keeps the
+    state a shrink goes back to, and ``resume`` is where the ranks left go on from (its
+    values already in ``model``)."""
     from theanompi.io.recorder import Recorder
     from theanompi.train.rng import seed_rngs
     from theanompi.train.snapshot import Snapshotter
-    from theanompi.train.start_point import start_state
+    from theanompi.train.start_point import StartPoint, start_state
     from theanompi.train.trainer import Trainer
 
     tag = f"[{rule.name.lower()}]"
@@ -259,17 +341,22 @@ def _fit(
     global_batch = train.batch_size * k * size  # images per optimiser step: what lr scaling counts
     spe = train.steps_per_epoch // k  # optimiser steps per epoch: what warm-up counts
     schedule, scale, warmup = plan.schedule.schedule(global_batch, spe, n_epochs)
-    start = start_state(
-        snap, model, rule, comm, resume=plan.resume, k=k, n_epochs=n_epochs, log=log
-    )
-    _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup)
+    if resume is None:
+        start = start_state(
+            snap, model, rule, comm, resume=plan.resume, k=k, n_epochs=n_epochs, log=log
+        )
+        _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup)
+    else:  # after a shrink: the commit's values are in the model on every rank left
+        rule.setup(model, comm)
+        p = resume.point
+        start = StartPoint(p.epoch, p.step, p.checkpoint, dealt=p.dealt)
     rp = plan.record
     recorder = Recorder.open(
         comm,
         rp.record_dir,
         loggers=rp.loggers,
         run_dir=rp.run_dir,
-        keep_before_epoch=start.epoch if plan.resume else None,
+        keep_before_epoch=_record_kept(start.epoch, plan.resume, resume is not None),
         resumed_step=start.step,
         start=dict(
             rule=rule.name,
@@ -285,9 +372,10 @@ def _fit(
             warmup_steps=warmup,
             config=plan.config,
             **rule.settings(),
+            **({"elastic": resume.change} if resume is not None else {}),
         ),
     )
-    if recorder.lost_steps:
+    if recorder.lost_steps and resume is None:
         log(
             f"{recorder.lost_steps} step(s) after that checkpoint were lost (stopped before "
             "the next one): training them again"
@@ -305,11 +393,22 @@ def _fit(
         settings=loop,
         watchdog=watchdog,
         loggers=recorder.loggers,
+        commit=commit,
     )
     try:
-        return trainer.fit(start.epoch, start.step, start.checkpoint, start.step_in_epoch)
+        return trainer.fit(
+            start.epoch, start.step, start.checkpoint, start.step_in_epoch, start.dealt
+        )
     finally:
         recorder.close()
+
+
+def _record_kept(epoch: int, resumed: bool, shrunk: bool) -> int | None:
+    """The record's entries kept: after a shrink all of them (the epoch goes on), on a resume
+    those before ``epoch`` (the unfinished one is trained again), else none (a new run)."""
+    if shrunk:
+        return epoch + 1
+    return epoch if resumed else None
 
 
 def _log_start(

@@ -22,6 +22,9 @@ class StartPoint:
     step: int = 0
     checkpoint: str | None = None
     step_in_epoch: int = 0
+    #: the sub-batches of ``epoch`` trained (by all ranks) at a mid-epoch checkpoint that says
+    #: so; None: ``step_in_epoch`` whole steps of this world
+    dealt: int | None = None
 
 
 def _resumed(snap: Any, k: int, n_epochs: int, log: Callable[[str], None]) -> StartPoint:
@@ -29,7 +32,14 @@ def _resumed(snap: Any, k: int, n_epochs: int, log: Callable[[str], None]) -> St
     optimiser steps of the ``accumulate_steps`` it was written with: a different ``k`` would
     restart the loader elsewhere, so it is refused."""
     ck = snap.restore()
-    start = StartPoint(ck.epoch, ck.step, str(ck.path), int(ck.meta.get("step_in_epoch", 0)))
+    dealt = ck.meta.get("dealt")
+    start = StartPoint(
+        ck.epoch,
+        ck.step,
+        str(ck.path),
+        int(ck.meta.get("step_in_epoch", 0)),
+        None if dealt is None else int(dealt),
+    )
     written = ck.meta.get("config", {}).get("training", {}).get("accumulate_steps", 1)
     if start.step_in_epoch and int(written) != k:
         raise ConfigError(

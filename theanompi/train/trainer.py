@@ -66,6 +66,9 @@ class Trainer:
     loggers
         :class:`~theanompi.io.loggers.Logger` objects fed each ``step`` and ``epoch`` entry
         right after the record got it (pass them on the rank that writes the record only).
+    commit
+        Elastic training's :class:`~theanompi.train.elastic.Commit`: the state copied after
+        every step and at each epoch's start (default: none).
     """
 
     def __init__(
@@ -83,8 +86,10 @@ class Trainer:
         settings: LoopSettings,
         watchdog: Watchdog | None = None,
         loggers: Sequence[Any] = (),
+        commit: Any = None,
     ) -> None:
         self.model, self.rule, self.train, self.val = model, rule, train, val
+        self.commit = commit
         self.timeline, self.settings = timeline, settings
         self.workers = Workers(comm, getattr(rule, "world", None), watchdog)
         #: sub-batches per optimiser step: a step is K loader steps, its loss their mean
@@ -130,9 +135,12 @@ class Trainer:
         step: int = 0,
         last_ckpt: str | None = None,
         start_in_epoch: int = 0,
+        dealt: int | None = None,
     ) -> dict[str, Any]:
         """Train epochs ``start_epoch .. n_epochs - 1`` (the first from step ``start_in_epoch``
-        of it, after a mid-epoch checkpoint); returns the summary (every rank).
+        of it, after a mid-epoch checkpoint; or, after an elastic shrink, from the ``dealt``
+        sub-batches of it that a world of another size trained); returns the summary (every
+        rank).
 
         A nan/inf loss on any rank raises :class:`~theanompi.errors.DivergedError` on every
         worker at the next agreement point (at most 10 steps later), before any checkpoint
@@ -140,7 +148,7 @@ class Trainer:
         (the record) prints one line and aborts the job with exit 4.
         """
         try:
-            return self._fit(start_epoch, step, last_ckpt, start_in_epoch)
+            return self._fit(start_epoch, step, last_ckpt, start_in_epoch, dealt)
         except ResourceError as err:
             if not (err.agreed or self.workers.size == 1):
                 self.workers.abort(err)
@@ -150,7 +158,12 @@ class Trainer:
             raise
 
     def _fit(
-        self, start_epoch: int, step: int, last_ckpt: str | None, start_in_epoch: int
+        self,
+        start_epoch: int,
+        step: int,
+        last_ckpt: str | None,
+        start_in_epoch: int,
+        dealt: int | None,
     ) -> dict[str, Any]:
         t_start = wtime()
         model, rule, w = self.model, self.rule, self.workers
@@ -160,8 +173,9 @@ class Trainer:
         self.ckpts.start(last_ckpt)
         with StopFlag() as stop:
             for epoch in range(start_epoch, self.settings.n_epochs):
-                k0 = start_in_epoch if epoch == start_epoch else 0
-                step, interrupted = self._epoch(epoch, step, stop, k0)
+                first = epoch == start_epoch
+                k0 = start_in_epoch if first else 0
+                step, interrupted = self._epoch(epoch, step, stop, k0, dealt if first else None)
                 if interrupted:
                     break
                 summary.update(
@@ -194,11 +208,19 @@ class Trainer:
         self.recorder.add_end(summary)
         return summary
 
-    def _epoch(self, epoch: int, step: int, stop: StopFlag, k0: int = 0) -> tuple[int, bool]:
-        """One epoch of steps (from step ``k0`` of it); returns the step count and whether the
-        ranks agreed to stop."""
+    def _epoch(
+        self, epoch: int, step: int, stop: StopFlag, k0: int = 0, dealt: int | None = None
+    ) -> tuple[int, bool]:
+        """One epoch of steps (from step ``k0`` of it, or from its ``dealt`` sub-batches
+        already trained); returns the step count and whether the ranks agreed to stop."""
         model, rule, w, s = self.model, self.rule, self.workers, self.stats
         n = self.train.steps_per_epoch // self.k  # optimiser steps of K sub-batches
+        per_step = self.k * w.size  # sub-batches of the epoch one optimiser step trains
+        if dealt is None:
+            dealt = k0 * per_step
+        else:  # a world of another size trained them: the steps left of this world's epoch
+            k0 = n - self.train.steps_left(dealt) // self.k
+        self._commit(epoch, step, dealt, always=True)
         print_freq = max(1, self.settings.print_freq)
         check_every = self.settings.check_every if rule.identical_replicas else 0
         agreement = Agreement(w, self.ckpts, min(print_freq, 10))  # Ctrl-C: within 10 steps
@@ -207,7 +229,7 @@ class Trainer:
         self._ep_first, self._ep_t0 = len(s), wtime()
         win_start = len(s)
         interrupted = False
-        with self.train.epoch(epoch, k0 * self.k) as batches:
+        with self.train.epoch(epoch, k0 * self.k, dealt) as batches:
             for k in range(k0, n):
                 lr = self.lr.at_step(step)
                 t0 = wtime()
@@ -222,6 +244,7 @@ class Trainer:
                     startup_trace.write()
                 t3 = wtime()
                 step += 1
+                self._commit(epoch, step, dealt + (k + 1 - k0) * per_step)
                 last = k + 1 == n
                 ckpt_due = self.ckpts.step_due(k + 1, last)
                 save_mid = False
@@ -245,10 +268,18 @@ class Trainer:
                     win_start = len(s)
                 # a checkpoint only ever at an optimiser-step boundary (after its K sub-batches)
                 if self.ckpts.mid_ok and (save_mid or interrupted):  # Ctrl-C: that step's
-                    self.ckpts.save_mid(epoch, k + 1, step)
+                    self.ckpts.save_mid(epoch, k + 1, step, dealt + (k + 1 - k0) * per_step)
                 if interrupted:
                     break
         return step, interrupted
+
+    def _commit(self, epoch: int, step: int, dealt: int, *, always: bool = False) -> None:
+        """Elastic: the state after ``step`` (``dealt`` sub-batches of ``epoch`` trained) as
+        the point a shrink goes back to."""
+        if self.commit is not None:
+            from theanompi.train.elastic import Point
+
+            self.commit.keep(Point(epoch, step, dealt, self.ckpts.last), always=always)
 
     def _window(self, stats: StepStats, epoch: int, k: int, n: int, step: int, lr: float) -> None:
         """The progress line and ``step`` entry of the steps since the last one."""
