@@ -215,3 +215,21 @@ def test_the_box_of_ranks_that_stopped_for_a_requeue_is_dropped() -> None:
     other = box.replace(b"75\n", b"1\n")
     _, err, _, _ = _pumped([line, other], gap=0.1)
     assert err.data == line + other, "another exit code's box stays"
+
+
+def test_open_mpis_noise_about_a_lost_peer_is_dropped_and_blank_lines_kept() -> None:
+    """Elastic training: libnbc's and libevent's lines when a lost peer's collective is aborted
+    (and the blank line after each) are dropped; the ranks' own line says who was lost."""
+    pieces = [
+        b"\n",
+        b"NBC_Progress: an error 75 was found during schedule 0x5654 at row-offset 0 - aborting"
+        b" the schedule\n",
+        b"\n",
+        b"Error in NBC_Start_round() (-1)\n",
+        b"[warn] Epoll ADD(4) on fd 18 failed. Old events were 0; read change was 0 (none)\n",
+        b"\n",
+        b"[bsp] elastic: lost rank 3 (vm); 3 of 4 ranks go on\n",
+        b"\n",
+    ]
+    _, err, _, _ = _pumped(pieces, gap=0.05)
+    assert err.data == b"\n[bsp] elastic: lost rank 3 (vm); 3 of 4 ranks go on\n\n"

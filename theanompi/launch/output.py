@@ -42,9 +42,12 @@ _PEER_GONE = re.compile(rb"An MPI communication peer process has unexpectedly di
 # what each rank prints when it aborts with Open MPI's mpi_abort_delay (set by mpirun.relaunch
 # for jobs across nodes, so that a killed rank's node reports before its peers' aborts)
 _ABORT_DELAY = re.compile(rb"^\[[^\]\s]*\] Delaying for \d+ seconds before aborting\s*$")
-# Open MPI's libnbc, when a nonblocking collective meets a lost or revoked peer (under ULFM,
-# elastic training: the ranks' own line says who was lost), each followed by a blank line
-_NBC_ABORTED = re.compile(rb"^(NBC_Progress: an error \d+ was found|Error in NBC_Start_round)")
+# Open MPI's libnbc, when a nonblocking collective meets a lost or revoked peer, and libevent's
+# warning about the lost peer's socket (under ULFM, elastic training: the ranks' own line says
+# who was lost), each followed by a blank line
+_LOST_PEER_NOISE = re.compile(
+    rb"^(NBC_Progress: an error \d+ was found|Error in NBC_Start_round|\[warn\] Epoll \w+\(\d+\) on fd)"
+)
 # the ranks' placement tags (launcher_watch.watch_launcher), swallowed by the pumps
 _PLACE = re.compile(rb"tmpi-placement: rank (\d+) host (\S+) pid (\d+)\n?")
 _TAIL_LINES = 60  # mpirun's last lines kept, where its banners are looked for at the end
@@ -218,7 +221,7 @@ class OutputFilter:
         if start and not self.banners and _ABORT_DELAY.match(line):
             return None  # our own mpi_abort_delay's notice
         after, st.blank_after = st.blank_after, False
-        if start and not self.banners and (_NBC_ABORTED.match(line) or (after and line == b"\n")):
+        if start and not self.banners and (_LOST_PEER_NOISE.match(line) or (after and line == b"\n")):
             st.blank_after = line != b"\n"
             return None
         opens = start and line.startswith(b"-----")
