@@ -221,7 +221,11 @@ class OutputFilter:
         if start and not self.banners and _ABORT_DELAY.match(line):
             return None  # our own mpi_abort_delay's notice
         after, st.blank_after = st.blank_after, False
-        if start and not self.banners and (_LOST_PEER_NOISE.match(line) or (after and line == b"\n")):
+        if (
+            start
+            and not self.banners
+            and (_LOST_PEER_NOISE.match(line) or (after and line == b"\n"))
+        ):
             st.blank_after = line != b"\n"
             return None
         opens = start and line.startswith(b"-----")
