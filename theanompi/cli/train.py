@@ -399,7 +399,7 @@ def run_training(s: TrainSettings) -> None:
             output=cfg.output,
             before=lambda placement: _check_before_launch(cfg, output, placement),
             resume=output.resume,  # a restarted Slurm job's ranks continue the run
-            ulfm=cfg.elastic.min_np > 0,  # a lost rank leaves; the others shrink and go on
+            min_np=cfg.elastic.min_np,  # a lost rank leaves; a lost host: the others go on
         )
     from theanompi.io import startup_trace
 

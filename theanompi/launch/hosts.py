@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,19 @@ class Placement:
                 merged[PLACEMENT_FLAGS[name].env] = str(value)
         return cls.from_env(merged)
 
+    def without(self, host: str, ranks: Sequence[int] = (), n: int = 0) -> Placement:
+        """These hosts less ``host``, a host lost by an elastic job of ``n`` ranks that ran
+        ``ranks`` there, given inline. ``host`` is the name mpirun reported: an entry of that
+        name or address, else the entry those ranks filled (mpirun fills each host's slots in
+        order); unchanged where neither tells."""
+        gone = {h for h, _ in self.hosts if _same_host(h, host)}
+        if not gone and ranks and n <= self.slots:
+            fill = [h for h, s in self.hosts for _ in range(s)]
+            gone = {fill[r] for r in ranks if r < len(fill)}
+        if not gone:
+            return self
+        return replace(self, hostfile=None, hosts=tuple(e for e in self.hosts if e[0] not in gone))
+
     @property
     def slots(self) -> int:
         """Slots over all hosts (0: this machine, no limit)."""
@@ -261,6 +275,18 @@ class Placement:
             return f"{n} ranks on this machine"
         source = "Slurm allocation" if self.slurm else "hosts"
         return f"{n} ranks on {source} " + ", ".join(f"{h}:{s}" for h, s in self.hosts)
+
+
+def _same_host(entry: str, name: str) -> bool:
+    """A placement entry (a name or an address) is the host mpirun called ``name``."""
+    if entry == name or entry.split(".")[0] == name.split(".")[0]:
+        return True
+    try:
+        ours = {a[4][0] for a in socket.getaddrinfo(entry, None)}
+        theirs = {a[4][0] for a in socket.getaddrinfo(name, None)}
+    except OSError:  # a name this machine cannot resolve
+        return False
+    return bool(ours & theirs)
 
 
 def split_placement_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:

@@ -90,6 +90,7 @@ def relaunch(
     record_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
     ulfm: bool = False,
+    min_np: int = 0,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
     (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures;
@@ -98,7 +99,8 @@ def relaunch(
     ``--resume`` from the latest checkpoint in ``checkpoint_dir``. ``resume``: the first
     launch continues the run too (a requeued Slurm job), with ``--resume`` and never
     ``--overwrite`` whatever ``argv`` says. ``ulfm``: mpirun keeps the job after a lost rank
-    (elastic training).
+    (elastic training); ``min_np`` (elastic): after a lost host, the job goes on with
+    ``--resume`` on the hosts left while they hold ``min_np`` slots.
 
     ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
     ``argv`` still holds them, are not passed on to the ranks."""
@@ -122,10 +124,30 @@ def relaunch(
         cmd = [sys.executable, "-m", "theanompi.cli", *args]
         return mpirun_command(n, cmd, placement, ulfm=ulfm)
 
+    def without_host(host: str, ranks: Sequence[int]) -> str | None:
+        """Elastic: go on without ``host``, which ran ``ranks`` (the next ``build`` leaves it
+        out); where, or None (too few slots left, or not known which entry it was)."""
+        nonlocal placement, n
+        left = placement.without(host, ranks, n)
+        if left.slurm:
+            why = "inside a Slurm allocation (mpirun reads all of it) not yet"
+        elif left == placement:
+            why = f"{host} is none of the hosts given ({placement.describe(n)})"
+        elif left.slots < min_np:
+            why = f"{left.slots} slot(s) left, fewer than --min-np {min_np}"
+        else:
+            why = ""
+        if why:
+            print(f"tmpi: elastic: going on without {host}: {why}", file=sys.stderr, flush=True)
+            return None
+        placement, n = left, min(n, left.slots)
+        return left.describe(n)
+
     return run_with_restarts(
         build,
         env,
         max_restarts=max_restarts,
         checkpoint_dir=checkpoint_dir,
         record_dir=record_dir,
+        without_host=without_host if min_np else None,
     )

@@ -71,6 +71,7 @@ def run_with_restarts(
     max_restarts: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     record_dir: str | os.PathLike[str] | None = None,
+    without_host: Callable[[str, Sequence[int]], str | None] | None = None,
 ) -> int:
     """Run the job; after a rank failure or stall relaunch it with ``--resume``, at most
     ``max_restarts`` times (as ``torchrun --max-restarts``); return the exit code.
@@ -79,19 +80,46 @@ def run_with_restarts(
     a usage, data or resource error, Ctrl-C) is final. Each restart is printed as one line and
     appended to the record as ``{"kind": "restart", "attempt", "max_restarts", "exit_code",
     "reason", "resume_from"}``; without a checkpoint yet, the run starts over.
+
+    ``without_host(host, its ranks)`` (elastic training): after losing a host, drop it from the
+    hosts the next ``build_cmd`` uses and say where the job goes on (``None``: it cannot). The
+    job is then relaunched there with ``--resume`` at once, not counted as a restart, with a
+    line and an ``elastic`` record entry.
     """
     from theanompi.io.checkpoint import latest_checkpoint
     from theanompi.io.record import append_entry
 
     resume = False
-    for attempt in range(max_restarts + 1):
+    attempt = 0
+    while True:
         try:
             result = _launch(build_cmd(resume), env)
         except KeyboardInterrupt:  # Ctrl-C between two attempts: no mpirun is running
             return EXIT_INTERRUPTED
         if result.failure:
             print(f"tmpi: error: {result.failure}", file=sys.stderr, flush=True)
-        if result.stopped or result.code in NOT_RESTARTABLE or attempt == max_restarts:
+        lost = result.lost_host
+        where = without_host(lost, result.lost_ranks) if without_host and lost else None
+        if where is not None:
+            ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+            resume = ck is not None
+            print(
+                f"tmpi: elastic: going on without {result.lost_host}: {where}, "
+                + (f"from {ck}" if ck else "starting over (no checkpoint yet)"),
+                file=sys.stderr,
+                flush=True,
+            )
+            if record_dir is not None and ck is not None:
+                append_entry(
+                    record_dir,
+                    "elastic",
+                    lost_hosts=[result.lost_host],
+                    hosts=where,
+                    resume_from=str(ck),
+                    seconds=round(result.seconds, 3),
+                )
+            continue
+        if result.stopped or result.code in NOT_RESTARTABLE or attempt >= max_restarts:
             if result.code not in NOT_RESTARTABLE and max_restarts:
                 print(
                     f"tmpi: giving up after {attempt} restart(s) (--max-restarts {max_restarts})",
@@ -99,11 +127,12 @@ def run_with_restarts(
                     flush=True,
                 )
             return result.code
+        attempt += 1
         ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
         resume = ck is not None
         reason = result.failure or f"exit {result.code}"
         print(
-            f"tmpi: restart {attempt + 1}/{max_restarts} after {reason}: "
+            f"tmpi: restart {attempt}/{max_restarts} after {reason}: "
             + (f"resuming from {ck}" if ck else "no checkpoint yet, starting over"),
             file=sys.stderr,
             flush=True,
@@ -112,11 +141,10 @@ def run_with_restarts(
             append_entry(
                 record_dir,
                 "restart",
-                attempt=attempt + 1,
+                attempt=attempt,
                 max_restarts=max_restarts,
                 exit_code=result.code,
                 reason=reason,
                 resume_from=str(ck),
                 seconds=round(result.seconds, 3),
             )
-    raise AssertionError("unreachable")  # pragma: no cover

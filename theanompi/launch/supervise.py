@@ -47,7 +47,8 @@ class Attempt:
     mpirun returned, ``stopped`` whether the user asked to stop (Ctrl-C, SIGTERM, SIGHUP),
     ``failure`` the one-line reason when a rank died (else ``""``), ``not_started`` why
     mpirun failed before starting any rank (:func:`~theanompi.launch.banners.never_started`;
-    ``""``: it started)."""
+    ``""``: it started), ``lost_host`` the first host lost mid-run (its mpirun daemon died, the
+    node went down; ``""``: none) and ``lost_ranks`` the ranks it ran."""
 
     code: int
     mpirun_code: int
@@ -55,6 +56,8 @@ class Attempt:
     failure: str
     seconds: float
     not_started: str = ""
+    lost_host: str = ""
+    lost_ranks: tuple[int, ...] = ()
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
@@ -252,7 +255,10 @@ class SupervisedRun:
         else:
             code = rc
         not_started = "" if stopped or out.placed else never_started(tail, out.placed)
-        return Attempt(code, rc, stopped, failure, time.monotonic() - self.t0, not_started)
+        took = time.monotonic() - self.t0
+        lost = "" if stopped else (out.lost or "")
+        ranks = tuple(sorted(r for r, h in out.placed.items() if lost and h == lost))
+        return Attempt(code, rc, stopped, failure, took, not_started, lost, ranks)
 
 
 def _launched_by_me(pid: int) -> bool:

@@ -1,0 +1,51 @@
+"""Elastic training across the simulated two-node cluster (2 slots each), one job, both faults:
+rank 3 on nodeb SIGKILLs itself (its daemon lives): the other 3 shrink and go on (ULFM); then
+every process of nodeb is SIGKILLed, its mpirun daemon too, which ends the mpirun job (Open
+MPI's runtime cannot lose a daemon): the launcher relaunches on nodea's 2 slots from the last
+checkpoint. Exit 0, the next step within 15 s of the node's loss, no process left."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from theanompi.io.record import read_record
+from theanompi.launch.simcluster import SimCluster
+
+from .conftest import kill_and_wait, start_until
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
+
+
+def test_a_lost_rank_then_a_lost_node_and_the_job_goes_on(
+    cluster: SimCluster, digits_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "theanompi.cli", "train", "-n", "4", "--min-np", "2"]
+    argv += ["--hostfile", str(cluster.hostfile), "--mpi-args", cluster.mpi_args]
+    argv += ["--model", "digits", "--data", str(digits_data), "--run-dir", str(run)]
+    argv += ["--epochs", "4", "--set", "training.print_freq=1"]
+    monkeypatch.setenv("THEANOMPI_FAIL", "kill:3:8")  # launch rank 3, on nodeb, before step 9
+    proc, lines = start_until(cluster, argv, r"epoch 2/4 step 2/")  # N=3: 16 steps an epoch
+    said = "".join(lines)
+    assert re.search(r"elastic: lost rank 3 \(nodeb\); 3 of 4 ranks go on from step 8 ", said), said
+    node_b = cluster.pids(1)  # its daemon and rank 2
+    killed = time.time()
+    rest, took = kill_and_wait(proc, node_b, timeout=180)
+    assert proc.returncode == 0, said[-2000:] + rest[-3000:]
+    assert "tmpi: elastic: going on without nodeb: 2 ranks on hosts 198.18.0.1:2" in rest, rest
+    assert "Traceback" not in rest, rest[-3000:]
+    rec = read_record(run)
+    assert rec[-1]["kind"] == "end" and rec[-1]["world_size"] == 2, rec[-1]
+    assert [r["epoch"] for r in rec if r["kind"] == "epoch"] == [0, 1, 2, 3]
+    first = min(r["time"] for r in rec if r["kind"] == "step" and r["time"] > killed)
+    print(f"node lost -> next step {first - killed:.1f} s; job end {took:.1f} s after")
+    assert first - killed < 15.0
+    deadline = time.monotonic() + 15
+    while (cluster.pids(0) or cluster.pids(1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cluster.pids(0) == [] and cluster.pids(1) == []
