@@ -205,6 +205,10 @@ class ElasticSection(Section):
     min_np: int = key(0, check=NON_NEGATIVE)
     # copy parameters and optimiser state in memory every K steps: a loss redoes at most K
     commit_every_steps: int = key(1, check=AT_LEAST_1)
+    max_np: int = key(0, check=NON_NEGATIVE)  # grow to at most this many ranks (0: -n)
+    # prints the hosts available now, one host:slots a line; the job grows to new ones
+    host_discovery_script: str = key("", check=PATH)
+    timeout: float = key(600.0, check=NON_NEGATIVE)  # wait this long for min_np slots to come
 
 
 #: the run config's sections, in file order
@@ -551,7 +555,17 @@ def _cross_check(cfg: Config) -> None:
         rule.check_accumulate(cfg.training.accumulate_steps)
     if cfg.weight_exchange.shard_optimizer:
         rule.check_sharding(cfg.weight_exchange)
-    if cfg.elastic.min_np:
+    el = cfg.elastic
+    if (el.max_np or el.host_discovery_script) and not el.min_np:
+        raise ConfigError(
+            "elastic.max_np and elastic.host_discovery_script make a job elastic: give "
+            "elastic.min_np (--min-np) too, the fewest ranks to go on with"
+        )
+    if el.max_np and el.max_np < el.min_np:
+        raise ConfigError(
+            f"elastic.max_np={el.max_np} is below elastic.min_np={el.min_np}; raise --max-np"
+        )
+    if el.min_np:
         rule.check_elastic(cfg.weight_exchange)
         if cfg.output.timeline:
             raise ConfigError(
@@ -565,7 +579,8 @@ def check_world_size(cfg: Config, size: int) -> None:
 
     The rule's own (``RULES.get(rule).check_world(size)``, e.g. a server plus a worker);
     then, for rules that exchange with ``exch_strategy``, the strategy's
-    ``requires_power_of_two`` on the rule's worker count.
+    ``requires_power_of_two`` on the rule's worker count (not for an elastic job: on any N it
+    goes on with a strategy that takes it).
     """
     from theanompi.exchange import STRATEGIES
     from theanompi.rules import RULES
@@ -577,7 +592,7 @@ def check_world_size(cfg: Config, size: int) -> None:
             f"elastic.min_np={cfg.elastic.min_np} exceeds the {size} rank(s) started; "
             f"use --min-np {size} or less, or -n {cfg.elastic.min_np}"
         )
-    if not rule.uses_strategy:
+    if not rule.uses_strategy or cfg.elastic.min_np:  # elastic: any N (train.run._rule_for)
         return
     strategy = cfg.weight_exchange.exch_strategy
     n = rule.n_workers(size)

@@ -49,3 +49,33 @@ def test_a_lost_rank_then_a_lost_node_and_the_job_goes_on(
     while (cluster.pids(0) or cluster.pids(1)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert cluster.pids(0) == [] and cluster.pids(1) == []
+
+
+def test_a_node_offered_by_the_discovery_script_is_taken_in(
+    cluster: SimCluster, digits_data: Path, tmp_path: Path
+) -> None:
+    """Started on nodea only (the discovery script offers its 2 slots); from epoch 3 on the
+    script offers nodeb too: the ranks stop at a step boundary and the job goes on on 4."""
+    offered = tmp_path / "hosts"
+    a, b = (f"{h}:{cluster.slots}" for h in cluster.addresses)
+    offered.write_text(a + "\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {offered}\n")
+    script.chmod(0o755)
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "theanompi.cli", "train", "-n", "4", "--min-np", "2"]
+    argv += ["--host-discovery-script", str(script), "--mpi-args", cluster.mpi_args]
+    argv += ["--model", "digits", "--data", str(digits_data), "--run-dir", str(run)]
+    argv += ["--epochs", "5", "--set", "training.print_freq=1"]
+    proc, lines = start_until(cluster, argv, r"epoch 3/5 step 1/")
+    assert "2 ranks on 1 host: nodea x2" in "".join(lines), "".join(lines)
+    offered.write_text(f"{a}\n{b}\n")
+    rest, _ = kill_and_wait(proc, [], timeout=180)
+    assert proc.returncode == 0, "".join(lines)[-2000:] + rest[-3000:]
+    assert f"tmpi: elastic: growing: 4 ranks on hosts {a}, {b}, from " in rest, rest
+    assert "4 ranks on 2 hosts: nodea x2 (ranks 0-1), nodeb x2 (ranks 2-3)" in rest, rest
+    rec = read_record(run)
+    assert rec[-1]["kind"] == "end" and rec[-1]["world_size"] == 4, rec[-1]
+    assert [r["epoch"] for r in rec if r["kind"] == "epoch"] == [0, 1, 2, 3, 4]
+    grown = [r for r in rec if r["kind"] == "start"][-1]
+    assert grown["world_size"] == 4 and grown["start_epoch"] == 2  # in epoch 3 (0-based 2)

@@ -105,7 +105,7 @@ def _relaunch_if_asked(
     output: Any = None,
     before: Callable[[Any], None] | None = None,
     resume: bool = False,
-    min_np: int = 0,
+    elastic: Any = None,
 ) -> None:
     """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code.
 
@@ -114,9 +114,9 @@ def _relaunch_if_asked(
     that a refusal is one line and nothing else (no mpirun banner). ``max_restarts``
     relaunches a failed run from the latest checkpoint of ``output`` (the config's
     ``output`` section: its checkpoint and record dirs); ``resume`` makes the first launch
-    continue the run as well; ``min_np`` (elastic training) keeps the job after a lost rank
-    (mpirun with ULFM), and after a lost host relaunches it on the hosts left while they hold
-    ``min_np`` slots (:func:`~theanompi.launch.mpirun.relaunch`)."""
+    continue the run as well; ``elastic`` (the config's section) keeps a job with
+    ``min_np`` going after a lost rank or host and grows it to new hosts
+    (:func:`~theanompi.launch.mpirun.relaunch`)."""
     if n is None or under_mpirun():
         return
     from theanompi.launch.hosts import Placement
@@ -136,8 +136,7 @@ def _relaunch_if_asked(
         placement=placement,
         max_restarts=max_restarts,
         resume=resume,
-        ulfm=min_np > 0,
-        min_np=min_np,
+        elastic=elastic,
         **dirs,
     )
     raise typer.Exit(code)

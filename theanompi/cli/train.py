@@ -155,6 +155,22 @@ MinNp = Annotated[
         "commit while at least this many are left (elastic.min_np; as horovodrun).",
     ),
 ]
+MaxNp = Annotated[
+    int | None,
+    typer.Option(
+        "--max-np",
+        help="Elastic: grow to at most this many ranks as the discovery script offers slots "
+        "(elastic.max_np; default -n).",
+    ),
+]
+HostDiscoveryScript = Annotated[
+    Path | None,
+    typer.Option(
+        "--host-discovery-script",
+        help="Elastic: a script that prints the hosts available now, one host:slots a line, "
+        "asked every 2 s; the job grows to new ones (elastic.host_discovery_script).",
+    ),
+]
 OnSignal = Annotated[
     str | None,
     typer.Option(
@@ -233,6 +249,8 @@ class Reliability:
     max_restarts: int = 0
     on_signal: str | None = None
     min_np: int | None = None
+    max_np: int | None = None
+    host_discovery_script: Path | None = None
 
 
 class _Key(NamedTuple):
@@ -265,6 +283,8 @@ _CONFIG_KEYS = (
     _Key("launch.backend", "training.backend"),
     _Key("reliability.stall_timeout", "training.stall_timeout"),
     _Key("reliability.min_np", "elastic.min_np"),
+    _Key("reliability.max_np", "elastic.max_np"),
+    _Key("reliability.host_discovery_script", "elastic.host_discovery_script"),
     _Key("output.timeline", "output.timeline"),
 )
 
@@ -355,6 +375,8 @@ def train(
     max_restarts: MaxRestarts = 0,
     on_signal: OnSignal = None,
     min_np: MinNp = None,
+    max_np: MaxNp = None,
+    host_discovery_script: HostDiscoveryScript = None,
 ) -> None:
     """Train a model with a sync rule. -n counts every rank, a rule's server included.
 
@@ -399,7 +421,7 @@ def run_training(s: TrainSettings) -> None:
             output=cfg.output,
             before=lambda placement: _check_before_launch(cfg, output, placement),
             resume=output.resume,  # a restarted Slurm job's ranks continue the run
-            min_np=cfg.elastic.min_np,  # a lost rank leaves; a lost host: the others go on
+            elastic=cfg.elastic,  # --min-np: a lost rank or host leaves, new hosts come in
         )
     from theanompi.io import startup_trace
 

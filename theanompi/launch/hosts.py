@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shlex
@@ -277,10 +278,20 @@ class Placement:
         return f"{n} ranks on {source} " + ", ".join(f"{h}:{s}" for h, s in self.hosts)
 
 
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _same_host(entry: str, name: str) -> bool:
     """A placement entry (a name or an address) is the host mpirun called ``name``."""
-    if entry == name or entry.split(".")[0] == name.split(".")[0]:
+    if entry == name:
         return True
+    if not (_is_address(entry) or _is_address(name)) and entry.split(".")[0] == name.split(".")[0]:
+        return True  # node1 and node1.cluster.org
     try:
         ours = {a[4][0] for a in socket.getaddrinfo(entry, None)}
         theirs = {a[4][0] for a in socket.getaddrinfo(name, None)}

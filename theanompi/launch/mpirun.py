@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from theanompi.comm import MPI_START_ENV
 from theanompi.errors import UserError
@@ -89,8 +90,7 @@ def relaunch(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     record_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
-    ulfm: bool = False,
-    min_np: int = 0,
+    elastic: Any = None,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
     (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures;
@@ -98,9 +98,10 @@ def relaunch(
     and return the job's exit code; with ``max_restarts`` a failed run is relaunched with
     ``--resume`` from the latest checkpoint in ``checkpoint_dir``. ``resume``: the first
     launch continues the run too (a requeued Slurm job), with ``--resume`` and never
-    ``--overwrite`` whatever ``argv`` says. ``ulfm``: mpirun keeps the job after a lost rank
-    (elastic training); ``min_np`` (elastic): after a lost host, the job goes on with
-    ``--resume`` on the hosts left while they hold ``min_np`` slots.
+    ``--overwrite`` whatever ``argv`` says. ``elastic`` (the config's ``elastic`` section;
+    training with ``min_np``): mpirun keeps the job after a lost rank (ULFM), and the job is
+    relaunched with ``--resume`` on the hosts of now after a lost host or when the discovery
+    script offers more (:class:`~theanompi.launch.elastic.ElasticHosts`).
 
     ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
     ``argv`` still holds them, are not passed on to the ranks."""
@@ -115,6 +116,18 @@ def relaunch(
         # names the killed rank and its host (banners.py), exit 1
         env.setdefault(ABORT_DELAY_ENV, "1")
     argv = split_placement_flags(argv)[1]
+    hosts = None
+    if elastic is not None and elastic.min_np:
+        from theanompi.launch.elastic import ElasticHosts
+
+        hosts = ElasticHosts(
+            placement,
+            n,
+            min_np=elastic.min_np,
+            max_np=elastic.max_np,
+            script=elastic.host_discovery_script,
+            timeout=elastic.timeout,
+        )
 
     def build(from_checkpoint: bool) -> list[str]:
         args = list(argv)
@@ -122,26 +135,9 @@ def relaunch(
             args = [a for a in args if a != "--overwrite"]
             args += [] if "--resume" in args else ["--resume"]
         cmd = [sys.executable, "-m", "theanompi.cli", *args]
-        return mpirun_command(n, cmd, placement, ulfm=ulfm)
-
-    def without_host(host: str, ranks: Sequence[int]) -> str | None:
-        """Elastic: go on without ``host``, which ran ``ranks`` (the next ``build`` leaves it
-        out); where, or None (too few slots left, or not known which entry it was)."""
-        nonlocal placement, n
-        left = placement.without(host, ranks, n)
-        if left.slurm:
-            why = "inside a Slurm allocation (mpirun reads all of it) not yet"
-        elif left == placement:
-            why = f"{host} is none of the hosts given ({placement.describe(n)})"
-        elif left.slots < min_np:
-            why = f"{left.slots} slot(s) left, fewer than --min-np {min_np}"
-        else:
-            why = ""
-        if why:
-            print(f"tmpi: elastic: going on without {host}: {why}", file=sys.stderr, flush=True)
-            return None
-        placement, n = left, min(n, left.slots)
-        return left.describe(n)
+        if hosts is not None:  # elastic: the hosts of now
+            return mpirun_command(hosts.n, cmd, hosts.placement, ulfm=True)
+        return mpirun_command(n, cmd, placement)
 
     return run_with_restarts(
         build,
@@ -149,5 +145,5 @@ def relaunch(
         max_restarts=max_restarts,
         checkpoint_dir=checkpoint_dir,
         record_dir=record_dir,
-        without_host=without_host if min_np else None,
+        elastic=hosts,
     )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from theanompi.launch.banners import never_started
+from theanompi.launch.elastic import ElasticHosts
 from theanompi.launch.launcher_watch import EXIT_INTERRUPTED
 from theanompi.launch.slurm import EXIT_REQUEUED
 from theanompi.launch.supervise import Attempt, supervise
@@ -52,11 +53,13 @@ def run_started(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProces
     return proc
 
 
-def _launch(cmd: Sequence[str], env: Mapping[str, str]) -> Attempt:
+def _launch(
+    cmd: Sequence[str], env: Mapping[str, str], watch: Callable[[], str | None] | None = None
+) -> Attempt:
     """:func:`supervise` ``cmd``, launched again (up to :data:`START_TRIES` in all) while
     mpirun fails before starting any rank: nothing ran, so nothing is lost or repeated."""
     for k in range(1, START_TRIES + 1):
-        result = supervise(cmd, env)
+        result = supervise(cmd, env, watch=watch)
         if not result.not_started or k == START_TRIES:
             return result
         _again(k, cmd, result.not_started)
@@ -71,7 +74,7 @@ def run_with_restarts(
     max_restarts: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     record_dir: str | os.PathLike[str] | None = None,
-    without_host: Callable[[str, Sequence[int]], str | None] | None = None,
+    elastic: ElasticHosts | None = None,
 ) -> int:
     """Run the job; after a rank failure or stall relaunch it with ``--resume``, at most
     ``max_restarts`` times (as ``torchrun --max-restarts``); return the exit code.
@@ -81,10 +84,10 @@ def run_with_restarts(
     appended to the record as ``{"kind": "restart", "attempt", "max_restarts", "exit_code",
     "reason", "resume_from"}``; without a checkpoint yet, the run starts over.
 
-    ``without_host(host, its ranks)`` (elastic training): after losing a host, drop it from the
-    hosts the next ``build_cmd`` uses and say where the job goes on (``None``: it cannot). The
-    job is then relaunched there with ``--resume`` at once, not counted as a restart, with a
-    line and an ``elastic`` record entry.
+    ``elastic`` (an elastic job's hosts, which ``build_cmd`` reads): after losing a host, or
+    once the discovery script offers more slots (the ranks stopped at a step boundary), the job
+    is relaunched at once on the hosts of now with ``--resume``, not counted as a restart, with
+    a line and an ``elastic`` record entry.
     """
     from theanompi.io.checkpoint import latest_checkpoint
     from theanompi.io.record import append_entry
@@ -93,18 +96,22 @@ def run_with_restarts(
     attempt = 0
     while True:
         try:
-            result = _launch(build_cmd(resume), env)
+            result = _launch(build_cmd(resume), env, elastic.more if elastic else None)
         except KeyboardInterrupt:  # Ctrl-C between two attempts: no mpirun is running
             return EXIT_INTERRUPTED
         if result.failure:
             print(f"tmpi: error: {result.failure}", file=sys.stderr, flush=True)
-        lost = result.lost_host
-        where = without_host(lost, result.lost_ranks) if without_host and lost else None
+        change, where = "", None
+        if elastic is not None and result.lost_host:
+            change = f"going on without {result.lost_host}"
+            where = elastic.lose(result.lost_host, result.lost_ranks)
+        elif elastic is not None and result.moved and result.code == EXIT_INTERRUPTED:
+            change, where = "growing", elastic.grow()
         if where is not None:
             ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
             resume = ck is not None
             print(
-                f"tmpi: elastic: going on without {result.lost_host}: {where}, "
+                f"tmpi: elastic: {change}: {where}, "
                 + (f"from {ck}" if ck else "starting over (no checkpoint yet)"),
                 file=sys.stderr,
                 flush=True,
@@ -113,7 +120,7 @@ def run_with_restarts(
                 append_entry(
                     record_dir,
                     "elastic",
-                    lost_hosts=[result.lost_host],
+                    change=change,
                     hosts=where,
                     resume_from=str(ck),
                     seconds=round(result.seconds, 3),

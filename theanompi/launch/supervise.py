@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 STOP_GRACE_S = 60.0  # after a stop request, mpirun is told to kill the ranks after this long
+WATCH_EVERY_S = 2.0  # how often a plan's watch is asked (an elastic job's discovery script)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -48,7 +49,8 @@ class Attempt:
     ``failure`` the one-line reason when a rank died (else ``""``), ``not_started`` why
     mpirun failed before starting any rank (:func:`~theanompi.launch.banners.never_started`;
     ``""``: it started), ``lost_host`` the first host lost mid-run (its mpirun daemon died, the
-    node went down; ``""``: none) and ``lost_ranks`` the ranks it ran."""
+    node went down; ``""``: none) and ``lost_ranks`` the ranks it ran, ``moved`` why the
+    launcher's watch stopped the ranks for a relaunch elsewhere (``""``: it did not)."""
 
     code: int
     mpirun_code: int
@@ -58,6 +60,7 @@ class Attempt:
     not_started: str = ""
     lost_host: str = ""
     lost_ranks: tuple[int, ...] = ()
+    moved: str = ""
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
@@ -116,6 +119,9 @@ class LaunchPlan:
     grace_s: float = STOP_GRACE_S
     say: Callable[[str], None] = _say
     banners: bool = False
+    #: asked every :data:`WATCH_EVERY_S` while the ranks run: a reason to stop them at a step
+    #: boundary for a relaunch elsewhere (an elastic job's new hosts), or None
+    watch: Callable[[], str | None] | None = None
 
     @classmethod
     def of(
@@ -125,6 +131,7 @@ class LaunchPlan:
         *,
         grace_s: float = STOP_GRACE_S,
         echo: Callable[[str], None] | None = None,
+        watch: Callable[[], str | None] | None = None,
     ) -> LaunchPlan:
         """The plan for :func:`supervise`'s arguments: the ranks learn the launcher's pid/host."""
         full_env = dict(env) | {
@@ -140,6 +147,7 @@ class LaunchPlan:
             grace_s=grace_s,
             say=echo or _say,
             banners=os.environ.get(BANNERS_ENV, "") not in ("", "0"),
+            watch=watch,
         )
 
 
@@ -169,6 +177,8 @@ class SupervisedRun:
         self.t0 = time.monotonic()
         self.phase = RunPhase.STARTING
         self.stops = 0  # stop requests so far (SIGINT, SIGTERM, SIGHUP)
+        self.moved = ""  # why the plan's watch stopped the ranks (for a relaunch elsewhere)
+        self._next_watch = self.t0 + WATCH_EVERY_S
         self.deadline: float | None = None  # when a stop at a step boundary turns into a kill
         self.output = OutputFilter(banners=plan.banners)
         self.proc = subprocess.Popen(
@@ -214,8 +224,20 @@ class SupervisedRun:
             self._kill()
 
     def tick(self) -> None:
-        """One wait of the loop: show the MPI errors held long enough, end an overdue stop."""
+        """One wait of the loop: show the MPI errors held long enough, end an overdue stop,
+        ask the plan's watch (every :data:`WATCH_EVERY_S`) whether to stop for a move."""
         self.output.release(older_than=HOLD_S)
+        now = time.monotonic()
+        if self.plan.watch is not None and now > self._next_watch:
+            self._next_watch = now + WATCH_EVERY_S
+            why = None if self.stops or self.moved else self.plan.watch()
+            if why and self.proc.poll() is None:
+                self.moved = why
+                self.plan.say(f"{why}: stopping the ranks at the next step boundary to relaunch")
+                self.output.stopping = True
+                self.deadline = now + self.plan.grace_s
+                self.phase = RunPhase.STOPPING
+                _send(self.proc, STOP_SIGNAL)
         deadline = self.deadline
         if deadline is not None and time.monotonic() > deadline:
             self.plan.say(
@@ -241,7 +263,7 @@ class SupervisedRun:
         tail = "".join(out.tail)
         # the ranks stopped at a step boundary on a signal sent to them, not to us (Slurm)
         stopped_there = rc in (EXIT_INTERRUPTED, EXIT_REQUEUED) and not SIGNALED.search(tail)
-        stopped = self.stops > 0 or (stopped_there and not out.lost)
+        stopped = self.stops > 0 or bool(self.moved) or (stopped_there and not out.lost)
         if stopped:
             failure = ""
         elif out.lost:  # mpirun may even exit 0 after losing a daemon (Open MPI 5.0)
@@ -258,7 +280,7 @@ class SupervisedRun:
         took = time.monotonic() - self.t0
         lost = "" if stopped else (out.lost or "")
         ranks = tuple(sorted(r for r, h in out.placed.items() if lost and h == lost))
-        return Attempt(code, rc, stopped, failure, took, not_started, lost, ranks)
+        return Attempt(code, rc, stopped, failure, took, not_started, lost, ranks, self.moved)
 
 
 def _launched_by_me(pid: int) -> bool:
@@ -312,6 +334,7 @@ def supervise(
     *,
     grace_s: float = STOP_GRACE_S,
     echo: Callable[[str], None] | None = None,
+    watch: Callable[[], str | None] | None = None,
 ) -> Attempt:
     """Run ``cmd`` (an mpirun line) until it exits, as a well-behaved launcher.
 
@@ -325,8 +348,10 @@ def supervise(
       daemon killed, the node down), becomes one line naming the rank or host (and the ranks
       it ran), and exit 1 (the documented code for a crashed rank). mpirun's banner for it is
       dropped unless ``THEANOMPI_MPI_BANNERS=1``.
+    - ``watch`` (an elastic job's new hosts), asked every :data:`WATCH_EVERY_S` s, may stop the
+      ranks at a step boundary as a Ctrl-C does; the attempt's ``moved`` says why.
     """
-    run = SupervisedRun(LaunchPlan.of(cmd, env, grace_s=grace_s, echo=echo))
+    run = SupervisedRun(LaunchPlan.of(cmd, env, grace_s=grace_s, echo=echo, watch=watch))
     run.start()
     return run.finish(_monitor(run))
 

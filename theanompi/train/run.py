@@ -95,7 +95,9 @@ def run(
     from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    rule = create_rule(cfg)
+    rule, note = _rule_for(cfg, comm.Get_size()) if cfg.elastic.min_np else (create_rule(cfg), "")
+    if note and comm.Get_rank() == 0:  # elastic, relaunched on N that is no power of 2
+        print(f"[{rule.name.lower()}] elastic: {note.lstrip('; ')}", flush=True)
     rule.check_world(comm.Get_size())
     n_workers = rule.n_workers(comm.Get_size())
     check_run_dir(comm, cfg, resume=resume, overwrite=overwrite, n_workers=n_workers)
