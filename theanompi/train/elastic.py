@@ -154,8 +154,8 @@ def train_elastic(
             t0 = time.monotonic()
             before = comm.Get_size()
             comm, lost = shrink(comm)
-            if not lost:  # an MPI error of its own: every rank raises it (the others REVOKED)
-                raise err
+            if not lost or not commit.seq:  # an MPI error of its own (the others: REVOKED),
+                raise err  # or a loss before the loop began: nothing to go back to
         point = commit.restore(comm)
         gone = sorted({hosts[r] for r in lost})
         hosts = [h for r, h in enumerate(hosts) if r not in lost]

@@ -163,14 +163,15 @@ def _fit_elastic(
         commit=commit,
         fit=fit,
         rebuild=rebuild,
-        log=(lambda t: print(f"[bsp] {t}", flush=True)),
+        log=(lambda t: print(f"[{parts[0].name.lower()}] {t}", flush=True)),
         stop_code=lambda: EXIT_REQUEUED if job_id() is not None else 1,
     )
 
 
 def _rule_for(cfg: Any, size: int) -> tuple[Any, str]:
-    """The config's rule for ``size`` ranks left after a loss, and a note when its strategy
-    needs a power of 2 that ``size`` is not: the first strategy that takes any N instead."""
+    """The config's rule for an elastic job on ``size`` ranks (at its start, after a loss), and
+    a note when its strategy needs a power of 2 that ``size`` is not: then the first strategy
+    that takes any N, with the same values on the wire."""
     import dataclasses
 
     from theanompi.comm import is_power_of_two
