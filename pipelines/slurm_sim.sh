@@ -75,6 +75,9 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+# a node whose slurmd is gone is DOWN after 10 s, not 300: the elastic test takes one down, and
+# its job (--no-kill) must go on, then end, without waiting minutes for the node's verdict
+SlurmdTimeout=10
 JobRequeue=1
 KillWait=30
 MinJobAge=600

@@ -8,9 +8,11 @@ partition (SIGTERM, GraceTime, requeue). Each test takes 20-25 s: a job, its req
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from theanompi.io.record import read_record
 from theanompi.launch.testing import REPO
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
@@ -197,3 +200,42 @@ def test_preemption_by_a_higher_priority_partition_resumes_to_the_same_parameter
     assert first["JobState"] == "COMPLETED", first
     assert first["StartTime"] <= _job(slurm, job)["StartTime"], "the preemptor ran first"
     _same(reference, tmp_path / "run")
+
+
+ELASTIC_JOB = """#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=2 --no-kill
+#SBATCH --output={out}/%j.out --open-mode=append
+cd {repo}
+export THEANOMPI_FAIL=kill:3:8  # launch rank 3, on nodeB, before its step 9
+tmpi train -n 4 --min-np 2 --model digits --data {data} --epochs {epochs} --run-dir "$RUN" \\
+  --set training.print_freq=1
+"""
+
+
+def test_elastic_a_lost_rank_then_node_b_down_and_the_job_goes_on(
+    slurm: dict[str, str], digits_data: Path, tmp_path: Path
+) -> None:
+    """Last of this module: it takes nodeB down. ``sbatch --no-kill``, ``tmpi train -n 4
+    --min-np 2``: rank 3 on nodeB SIGKILLs itself (3 go on, ULFM), then every process of
+    nodeB, its slurmd too: the launcher relaunches on nodeA's 2 slots of the allocation, and
+    the job completes (Slurm marks nodeB DOWN, and --no-kill keeps the job)."""
+    script = tmp_path / "job.sh"
+    script.write_text(ELASTIC_JOB.format(out=tmp_path, repo=REPO, data=digits_data, epochs=EPOCHS))
+    job = _submit(slurm, script, tmp_path / "run")
+    log = tmp_path / f"{job}.out"
+    end = time.monotonic() + 300
+    while f"epoch 2/{EPOCHS} step 2/" not in _text(log) and time.monotonic() < end:
+        time.sleep(0.2)
+    text = _text(log)
+    assert "elastic: lost rank 3 (nodeB); 3 of 4 ranks go on from step 8 " in text, text
+    pids = subprocess.run(["ip", "netns", "pids", "tmslB"], capture_output=True, text=True)
+    for pid in pids.stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    done = _wait_done(slurm, job, log)
+    text = _text(log)
+    assert done["JobState"] == "COMPLETED", text
+    assert "tmpi: elastic: going on without nodeB: 2 ranks on Slurm allocation nodeA:2" in text
+    rec = read_record(tmp_path / "run")
+    assert rec[-1]["kind"] == "end" and rec[-1]["world_size"] == 2, rec[-1]
+    assert [r["epoch"] for r in rec if r["kind"] == "epoch"] == list(range(EPOCHS))

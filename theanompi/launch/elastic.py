@@ -120,12 +120,11 @@ class ElasticHosts:
             time.sleep(WAIT_POLL_S)
 
     def lose(self, host: str, ranks: Sequence[int]) -> str | None:
-        """Go on without ``host``, which ran ``ranks``: where (the next launch's hosts), or
-        None (too few slots left, a Slurm allocation, or not known which host it was)."""
+        """Go on without ``host``, which ran ``ranks``: where (the next launch's hosts; in a
+        Slurm allocation, those of it), or None (too few slots left, or not known which host
+        it was)."""
         left = self.placement.without(host, ranks, self.n)
-        if left.slurm:
-            why = "inside a Slurm allocation (mpirun reads all of it) not yet"
-        elif left == self.placement:
+        if left == self.placement:
             why = f"{host} is none of the hosts given ({self.placement.describe(self.n)})"
         elif left.slots < self.min_np and self.script:
             hosts = self._wait_for(self.min_np, f"without {host}")

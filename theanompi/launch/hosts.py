@@ -187,13 +187,15 @@ class Placement:
     """Hosts for ``mpirun`` and extra mpirun arguments.
 
     ``hosts`` empty and ``hostfile`` None: this machine only (or, inside a Slurm allocation,
-    the allocation, which mpirun reads itself: ``slurm`` is then True).
+    the allocation, which mpirun reads itself: ``slurm`` is then True; ``pinned``: only
+    ``hosts`` of it, after an elastic job lost one).
     """
 
     hostfile: Path | None = None
     hosts: tuple[tuple[str, int], ...] = ()
     mpi_args: tuple[str, ...] = ()
     slurm: bool = False
+    pinned: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
@@ -244,7 +246,8 @@ class Placement:
             gone = {fill[r] for r in ranks if r < len(fill)}
         if not gone:
             return self
-        return replace(self, hostfile=None, hosts=tuple(e for e in self.hosts if e[0] not in gone))
+        left = tuple(e for e in self.hosts if e[0] not in gone)
+        return replace(self, hostfile=None, hosts=left, pinned=self.slurm)
 
     @property
     def slots(self) -> int:
@@ -267,7 +270,8 @@ class Placement:
         if self.slurm:  # mpirun reads the allocation; its daemons must outlive Slurm's USR1
             from theanompi.launch.slurm import prted_agent_args
 
-            return prted_agent_args()
+            pinned = ["--host", ",".join(f"{h}:{s}" for h, s in self.hosts)] if self.pinned else []
+            return pinned + prted_agent_args()
         return []
 
     def describe(self, n: int) -> str:
