@@ -7,6 +7,7 @@ SIGKILL): a kill from outside, timed by the job's output, lands steps late."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,44 @@ def test_below_min_np_the_job_stops_with_one_line(tiny: Path, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
+    "flags",
+    [["--rule", "GOSGD"], ["--rule", "EASGD"], ["--shard-optimizer", "--sync-type", "cdd"]],
+    ids=["GOSGD", "EASGD", "ZeRO-1"],
+)
+def test_a_rule_that_cannot_shrink_in_place_is_relaunched_a_rank_fewer(
+    tiny: Path, tmp_path: Path, flags: list[str]
+) -> None:
+    """GOSGD, EASGD (its worker rank 2) and BSP with ZeRO-1 (a lost rank takes its part of the
+    optimizer state) under --min-np: mpirun ends the job, the launcher relaunches it on 2
+    ranks from the last checkpoint (mid-epoch, every 2 steps), exit 0, no process left."""
+    run = tmp_path / "run"
+    args = tiny_train_args(tiny, run, "--min-np", "2", *flags, epochs=3)[1:]
+    args += ["--set", "output.checkpoint_every_steps=2", "--set", "training.print_freq=1"]
+    with Job(tmpi_argv("train", "-n", "3", *args)) as job:
+        job.wait_for(r"epoch 2/3 step 2/", timeout=180)
+        job.kill(job.rank_pid(2), signal.SIGKILL)
+        out = job.wait(timeout=180)
+        left, _ = job.wait_gone(timeout=10)
+        assert not left, f"left behind: {job.describe(left)}"
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = out.stderr
+    assert "tmpi: error: rank 2 (pid" in said and "was killed by signal 9" in said, said
+    assert "tmpi: elastic: going on with a rank fewer: 2 ranks on this machine, from " in said
+    rec = read_record(run)
+    assert rec[-1]["kind"] == "end" and rec[-1]["world_size"] == 2, rec[-1]
+    assert [r["epoch"] for r in rec if r["kind"] == "epoch"] == [0, 1, 2]
+    assert [r["change"] for r in rec if r["kind"] == "elastic"] == ["going on with a rank fewer"]
+
+
+@pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--rule", "EASGD"], "sync_rule EASGD does not go on after a lost rank yet"),
-        (["--shard-optimizer", "--sync-type", "cdd"], "sharded optimizer state"),
         (["--set", "elastic.min_np=3"], "elastic.min_np=3 exceeds the 2 rank(s) started"),
+        (["--max-np", "4", "--min-np", "0"], "give elastic.min_np (--min-np) too"),
+        (["--timeline", "t.json"], "the timeline gathers every rank's spans at the end"),
     ],
 )
-def test_what_cannot_shrink_is_refused_before_any_rank_starts(
+def test_what_elastic_cannot_take_is_refused_before_any_rank_starts(
     tiny: Path, tmp_path: Path, flags: list[str], says: str
 ) -> None:
     args = tiny_train_args(tiny, tmp_path / "run", "--min-np", "1", *flags, epochs=1)[1:]

@@ -106,6 +106,7 @@ def _relaunch_if_asked(
     before: Callable[[Any], None] | None = None,
     resume: bool = False,
     elastic: Any = None,
+    in_place: bool = True,
 ) -> None:
     """``-n N`` outside mpirun: re-run this very command under ``mpirun -n N`` and exit with its code.
 
@@ -115,8 +116,8 @@ def _relaunch_if_asked(
     relaunches a failed run from the latest checkpoint of ``output`` (the config's
     ``output`` section: its checkpoint and record dirs); ``resume`` makes the first launch
     continue the run as well; ``elastic`` (the config's section) keeps a job with
-    ``min_np`` going after a lost rank or host and grows it to new hosts
-    (:func:`~theanompi.launch.mpirun.relaunch`)."""
+    ``min_np`` going after a lost rank (in the same job where ``in_place``) or host and grows
+    it to new hosts (:func:`~theanompi.launch.mpirun.relaunch`)."""
     if n is None or under_mpirun():
         return
     from theanompi.launch.hosts import Placement
@@ -137,6 +138,7 @@ def _relaunch_if_asked(
         max_restarts=max_restarts,
         resume=resume,
         elastic=elastic,
+        in_place=in_place,
         **dirs,
     )
     raise typer.Exit(code)

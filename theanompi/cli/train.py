@@ -393,6 +393,7 @@ def run_training(s: TrainSettings) -> None:
     """Validate the config, relaunch under mpirun for ``-n`` (after the checks that need no
     rank), start MPI and train."""
     from theanompi.config import check_world_size, load_config, run_config
+    from theanompi.train.run import shrinks_in_place
 
     config = s.config
     if s.output.resume and config is None and s.model is None:  # the run as it was trained
@@ -422,6 +423,7 @@ def run_training(s: TrainSettings) -> None:
             before=lambda placement: _check_before_launch(cfg, output, placement),
             resume=output.resume,  # a restarted Slurm job's ranks continue the run
             elastic=cfg.elastic,  # --min-np: a lost rank or host leaves, new hosts come in
+            in_place=shrinks_in_place(cfg),
         )
     from theanompi.io import startup_trace
 

@@ -68,6 +68,10 @@ class ElasticHosts:
         The host discovery script (empty: none; the hosts only ever shrink).
     timeout
         Seconds to wait for the script to offer ``min_np`` slots (at the start, after a loss).
+    in_place
+        The ranks left after a lost rank go on in the same job (mpirun with ULFM; BSP);
+        otherwise (EASGD, GOSGD, ZeRO-1, the overlapped exchange) the job is relaunched on
+        one rank fewer (:meth:`fewer`).
     """
 
     def __init__(
@@ -79,8 +83,10 @@ class ElasticHosts:
         max_np: int = 0,
         script: str = "",
         timeout: float = 600.0,
+        in_place: bool = True,
     ) -> None:
         self.placement, self.n = placement, n
+        self.in_place = in_place
         self.min_np, self.max_np = min_np, max_np or n
         self.script, self.timeout = script, timeout
         self._offered: list[tuple[str, int]] = []  # the hosts more() found
@@ -138,6 +144,15 @@ class ElasticHosts:
             return left.describe(self.n)
         _say(f"going on without {host}: {why}")
         return None
+
+    def fewer(self) -> str | None:
+        """Go on with one rank fewer (a rule that cannot shrink in place lost one): where, or
+        None below ``min_np``."""
+        if self.n - 1 < self.min_np:
+            _say(f"going on without a rank: {self.n - 1} left, fewer than --min-np {self.min_np}")
+            return None
+        self.n -= 1
+        return self.placement.describe(self.n)
 
     def more(self) -> str | None:
         """The launcher's watch while the job runs: the hosts that the script offers now, when

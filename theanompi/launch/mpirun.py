@@ -91,6 +91,7 @@ def relaunch(
     record_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
     elastic: Any = None,
+    in_place: bool = True,
 ) -> int:
     """Run ``python -m theanompi.cli <argv>`` on n ranks under the launcher's supervision
     (:mod:`theanompi.launch.supervise`: Ctrl-C at a step boundary, no orphans, one-line failures;
@@ -99,9 +100,10 @@ def relaunch(
     ``--resume`` from the latest checkpoint in ``checkpoint_dir``. ``resume``: the first
     launch continues the run too (a requeued Slurm job), with ``--resume`` and never
     ``--overwrite`` whatever ``argv`` says. ``elastic`` (the config's ``elastic`` section;
-    training with ``min_np``): mpirun keeps the job after a lost rank (ULFM), and the job is
-    relaunched with ``--resume`` on the hosts of now after a lost host or when the discovery
-    script offers more (:class:`~theanompi.launch.elastic.ElasticHosts`).
+    training with ``min_np``): mpirun keeps the job after a lost rank (ULFM; ``in_place``,
+    else the job is relaunched on a rank fewer), and the job is relaunched with ``--resume`` on
+    the hosts of now after a lost host or when the discovery script offers more
+    (:class:`~theanompi.launch.elastic.ElasticHosts`).
 
     ``placement`` (default :meth:`Placement.from_env`) goes to mpirun; its flags, where
     ``argv`` still holds them, are not passed on to the ranks."""
@@ -127,6 +129,7 @@ def relaunch(
             max_np=elastic.max_np,
             script=elastic.host_discovery_script,
             timeout=elastic.timeout,
+            in_place=in_place,
         )
 
     def build(from_checkpoint: bool) -> list[str]:
@@ -136,7 +139,7 @@ def relaunch(
             args += [] if "--resume" in args else ["--resume"]
         cmd = [sys.executable, "-m", "theanompi.cli", *args]
         if hosts is not None:  # elastic: the hosts of now
-            return mpirun_command(hosts.n, cmd, hosts.placement, ulfm=True)
+            return mpirun_command(hosts.n, cmd, hosts.placement, ulfm=hosts.in_place)
         return mpirun_command(n, cmd, placement)
 
     return run_with_restarts(

@@ -101,12 +101,15 @@ def run_with_restarts(
             return EXIT_INTERRUPTED
         if result.failure:
             print(f"tmpi: error: {result.failure}", file=sys.stderr, flush=True)
+        stopped = result.stopped or result.code in NOT_RESTARTABLE
         change, where = "", None
         if elastic is not None and result.lost_host:
             change = f"going on without {result.lost_host}"
             where = elastic.lose(result.lost_host, result.lost_ranks)
         elif elastic is not None and result.moved and result.code == EXIT_INTERRUPTED:
             change, where = "growing", elastic.grow()
+        elif elastic is not None and not elastic.in_place and result.failure and not stopped:
+            change, where = "going on with a rank fewer", elastic.fewer()  # a rank was lost
         if where is not None:
             ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
             resume = ck is not None

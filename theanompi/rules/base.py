@@ -126,13 +126,11 @@ class SyncRule:
         )
 
     @classmethod
-    def check_elastic(cls, weight_exchange: Any) -> None:
-        """One-line ``ConfigError`` when the rule cannot go on after a lost rank (``elastic``):
-        only BSP rebuilds itself on the ranks left so far."""
-        raise ConfigError(
-            f"elastic.min_np: sync_rule {cls.name} does not go on after a lost rank yet; "
-            "set sync_rule: BSP, or elastic.min_np: 0 (--max-restarts relaunches instead)"
-        )
+    def shrinks_in_place(cls, weight_exchange: Any) -> bool:
+        """Elastic training (``elastic.min_np``): whether the ranks left after a lost one go on
+        in the same job (ULFM shrink, :mod:`theanompi.train.elastic`). Otherwise the launcher
+        relaunches the job on one rank fewer from the last checkpoint. Only BSP, so far."""
+        return False
 
     def whole_state(self, model: Any) -> contextlib.AbstractContextManager[None]:
         """Collective context around a checkpoint's save: ``model.opt_state`` whole on rank 0

@@ -123,18 +123,11 @@ class BSP(SyncRule):
             )
 
     @classmethod
-    def check_elastic(cls, weight_exchange: Any) -> None:
-        we = weight_exchange
-        if we.shard_optimizer:
-            raise ConfigError(
-                "elastic.min_np: a sharded optimizer state (ZeRO-1) loses a rank's part with the "
-                "rank; set weight_exchange.shard_optimizer: false, or elastic.min_np: 0"
-            )
-        if we.overlap == "always":  # auto: never, under elastic (the exchange stays serial)
-            raise ConfigError(
-                "elastic.min_np: the overlapped exchange's thread cannot shrink its "
-                "communicator yet; set weight_exchange.overlap: auto or never"
-            )
+    def shrinks_in_place(cls, weight_exchange: Any) -> bool:
+        # not ZeRO-1 (a lost rank takes its part of the optimiser state with it) nor the
+        # overlapped exchange's thread (its communicator is not rebuilt); overlap auto stays
+        # serial under elastic (train.run.create_rule)
+        return not weight_exchange.shard_optimizer and weight_exchange.overlap != "always"
 
     @property
     def local_opt_state(self) -> bool:

@@ -13,7 +13,15 @@ if TYPE_CHECKING:
     from theanompi.train.elastic import Commit, Resume
     from theanompi.train.plan import FitPlan
 
-__all__ = ["run", "create_rule", "build_model", "save_config", "train_loader", "check_accumulate"]
+__all__ = [
+    "run",
+    "create_rule",
+    "shrinks_in_place",
+    "build_model",
+    "save_config",
+    "train_loader",
+    "check_accumulate",
+]
 
 
 def create_rule(cfg: Any) -> Any:
@@ -26,6 +34,15 @@ def create_rule(cfg: Any) -> Any:
 
         we = dataclasses.replace(we, overlap="never")
     return RULES.get(we.sync_rule).from_config(we, seed=cfg.randomness.seed)
+
+
+def shrinks_in_place(cfg: Any) -> bool:
+    """An elastic run (``elastic.min_np``) whose ranks left after a lost one go on in the same
+    job (BSP, serial exchange, no ZeRO-1); the launcher relaunches the others smaller."""
+    from theanompi.rules import RULES
+
+    we = cfg.weight_exchange
+    return bool(cfg.elastic.min_np) and RULES.get(we.sync_rule).shrinks_in_place(we)
 
 
 def build_model(
@@ -109,7 +126,7 @@ def run(
     parts = collective(comm, _setup, cfg, wcomm, model, server is None)
     plan = FitPlan.from_config(cfg, resume, model_source)
     stall, stacks = float(cfg.training.stall_timeout), f"{cfg.output.run_dir}/stacks"
-    if cfg.elastic.min_np:  # BSP: every rank a worker
+    if shrinks_in_place(cfg):  # BSP: every rank a worker
         mine, comm = _fit_elastic(cfg, plan, comm, (rule, *parts), timeline, stall, stacks)
     else:
         with Watchdog(comm, stall, stacks_dir=stacks) as watchdog:
@@ -176,10 +193,12 @@ def _rule_for(cfg: Any, size: int) -> tuple[Any, str]:
 
     from theanompi.comm import is_power_of_two
     from theanompi.exchange import STRATEGIES
+    from theanompi.rules import RULES
 
     we = cfg.weight_exchange
     cls = STRATEGIES.get(we.exch_strategy)
-    if not cls.requires_power_of_two or is_power_of_two(size):
+    uses = RULES.get(we.sync_rule).uses_strategy
+    if not (uses and cls.requires_power_of_two) or is_power_of_two(size):
         return create_rule(cfg), ""
     other = next(
         s
