@@ -59,3 +59,11 @@ def test_a_discovery_script_that_fails_or_offers_too_little(
     plain.write_text("echo a:4\n")
     with pytest.raises(ConfigError, match="not an executable file"):
         ElasticHosts(Placement(), 4, min_np=2, script=str(plain))
+
+
+def test_a_lost_host_is_not_taken_back_when_the_script_still_offers_it(tmp_path: Path) -> None:
+    script = _script(tmp_path, "printf 'a:2\\nb:2\\n'")
+    hosts = ElasticHosts(Placement(), 4, min_np=2, script=script, timeout=0)
+    assert hosts.n == 4
+    assert hosts.lose("b", [2, 3]) == "2 ranks on hosts a:2"
+    assert hosts.more() is None  # b is offered still, but it was lost

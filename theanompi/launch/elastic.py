@@ -90,6 +90,7 @@ class ElasticHosts:
         self.min_np, self.max_np = min_np, max_np or n
         self.script, self.timeout = script, timeout
         self._offered: list[tuple[str, int]] = []  # the hosts more() found
+        self._lost: set[str] = set()  # hosts lost: never taken back in this job (as Horovod's)
         if script and not (Path(script).is_file() and Path(script).stat().st_mode & 0o111):
             raise ConfigError(
                 f"--host-discovery-script {script}: not an executable file; chmod +x it, or "
@@ -115,7 +116,7 @@ class ElasticHosts:
         deadline = time.monotonic() + self.timeout
         said = False
         while True:
-            hosts = discover(self.script)
+            hosts = self._discover()
             if hosts is not None and sum(s for _, s in hosts) >= slots:
                 return hosts
             if time.monotonic() > deadline:
@@ -125,17 +126,24 @@ class ElasticHosts:
                 said = True
             time.sleep(WAIT_POLL_S)
 
+    def _discover(self) -> list[tuple[str, int]] | None:
+        """The script's hosts, less those lost."""
+        hosts = discover(self.script)
+        kept = [e for e in hosts or [] if e[0] not in self._lost]
+        return kept or None
+
     def lose(self, host: str, ranks: Sequence[int]) -> str | None:
         """Go on without ``host``, which ran ``ranks``: where (the next launch's hosts; in a
         Slurm allocation, those of it), or None (too few slots left, or not known which host
         it was)."""
         left = self.placement.without(host, ranks, self.n)
+        self._lost |= {h for h, _ in self.placement.hosts} - {h for h, _ in left.hosts}
         if left == self.placement:
             why = f"{host} is none of the hosts given ({self.placement.describe(self.n)})"
         elif left.slots < self.min_np and self.script:
             hosts = self._wait_for(self.min_np, f"without {host}")
             if hosts is not None:
-                return self._take([h for h in hosts if h[0] != host] or hosts)
+                return self._take(hosts)
             why = f"fewer than --min-np {self.min_np} slots offered for {self.timeout:g} s"
         elif left.slots < self.min_np:
             why = f"{left.slots} slot(s) left, fewer than --min-np {self.min_np}"
@@ -159,7 +167,7 @@ class ElasticHosts:
         they hold more slots than the job uses and it may grow (``max_np``); else None."""
         if not self.script or self.n >= self.max_np:
             return None
-        hosts = discover(self.script)
+        hosts = self._discover()
         if hosts is None or min(self.max_np, sum(s for _, s in hosts)) <= self.n:
             return None
         self._offered = hosts
