@@ -581,7 +581,7 @@ def check_world_size(cfg: Config, size: int) -> None:
     ``requires_power_of_two`` on the rule's worker count (not for an elastic job: on any N it
     goes on with a strategy that takes it).
     """
-    from theanompi.exchange import STRATEGIES
+    from theanompi.exchange import STRATEGIES, any_n_strategies
     from theanompi.rules import RULES
 
     rule = RULES.get(cfg.weight_exchange.sync_rule)
@@ -597,11 +597,7 @@ def check_world_size(cfg: Config, size: int) -> None:
     n = rule.n_workers(size)
     if STRATEGIES.get(strategy).requires_power_of_two and not is_power_of_two(n):
         lower, extra = 1 << (max(n, 1).bit_length() - 1), size - n
-        any_n = [
-            s
-            for s in STRATEGIES
-            if not (STRATEGIES.get(s).requires_power_of_two or STRATEGIES.get(s).baseline)
-        ]
+        any_n = any_n_strategies()
         other = f", or --strategy {any_n[0]} (any N)" if any_n else ""
         raise ConfigError(
             f"exch_strategy {strategy!r} needs a power-of-2 worker count, got N={n}; "

@@ -121,14 +121,22 @@ def reference(
     return _params(where / "run" / f"checkpoints/epoch_{EPOCHS:04d}.npz")
 
 
-def _started(env: dict[str, str], data: Path, where: Path, epochs: int) -> tuple[str, Path]:
-    """The plain script submitted, once its second epoch is done: (job, its output file)."""
+def _started(
+    env: dict[str, str],
+    data: Path,
+    where: Path,
+    epochs: int,
+    job_text: str = JOB,
+    until: str = "epoch 2/{epochs} done",
+) -> tuple[str, Path]:
+    """The script ``job_text`` (default: the plain one) submitted, once its output holds
+    ``until`` (default: its second epoch is done): (job, its output file)."""
     script = where / "job.sh"
-    script.write_text(JOB.format(out=where, repo=REPO, data=data, epochs=epochs))
+    script.write_text(job_text.format(out=where, repo=REPO, data=data, epochs=epochs))
     job = _submit(env, script, where / "run")
     log = where / f"{job}.out"
     end = time.monotonic() + 300
-    while f"epoch 2/{epochs} done" not in _text(log) and time.monotonic() < end:
+    while until.format(epochs=epochs) not in _text(log) and time.monotonic() < end:
         time.sleep(0.2)
     return job, log
 
@@ -219,13 +227,8 @@ def test_elastic_a_lost_rank_then_node_b_down_and_the_job_goes_on(
     --min-np 2``: rank 3 on nodeB SIGKILLs itself (3 go on, ULFM), then every process of
     nodeB, its slurmd too: the launcher relaunches on nodeA's 2 slots of the allocation, and
     the job completes (Slurm marks nodeB DOWN, and --no-kill keeps the job)."""
-    script = tmp_path / "job.sh"
-    script.write_text(ELASTIC_JOB.format(out=tmp_path, repo=REPO, data=digits_data, epochs=EPOCHS))
-    job = _submit(slurm, script, tmp_path / "run")
-    log = tmp_path / f"{job}.out"
-    end = time.monotonic() + 300
-    while f"epoch 2/{EPOCHS} step 2/" not in _text(log) and time.monotonic() < end:
-        time.sleep(0.2)
+    until = "epoch 2/{epochs} step 2/"
+    job, log = _started(slurm, digits_data, tmp_path, EPOCHS, ELASTIC_JOB, until)
     text = _text(log)
     assert "elastic: lost rank 3 (nodeB); 3 of 4 ranks go on from step 8 " in text, text
     pids = subprocess.run(["ip", "netns", "pids", "tmslB"], capture_output=True, text=True)

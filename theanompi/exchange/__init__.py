@@ -23,7 +23,7 @@ from typing import Any
 from theanompi.exchange.base import OPS, Exchanger
 from theanompi.registry import Registry
 
-__all__ = ["Exchanger", "OPS", "STRATEGIES", "WHEN", "create_exchanger"]
+__all__ = ["Exchanger", "OPS", "STRATEGIES", "WHEN", "any_n_strategies", "create_exchanger"]
 
 #: ``weight_exchange.exch_strategy``; modules are imported only when chosen. Ask a class its
 #: capabilities (``STRATEGIES.get("copper").requires_power_of_two``): ``requires_power_of_two``,
@@ -38,6 +38,17 @@ STRATEGIES: Registry[type[Exchanger]] = Registry(
         "ar_per_array": "theanompi.exchange.ar_per_array:ArPerArrayExchanger",
     },
 )
+
+
+def any_n_strategies() -> list[str]:
+    """The strategies for training (not a benchmark's baseline) that take any number of
+    ranks, in the registry's order: what a power-of-2 strategy gives way to."""
+    return [
+        s
+        for s in STRATEGIES
+        if not (STRATEGIES.get(s).requires_power_of_two or STRATEGIES.get(s).baseline)
+    ]
+
 
 #: ``weight_exchange.overlap`` and ``weight_exchange.hierarchical``: when the exchange runs
 #: that way (``auto``: where the ranks' layout makes it pay, see ``BSP``)

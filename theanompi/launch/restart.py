@@ -67,6 +67,27 @@ def _launch(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _from_checkpoint(
+    checkpoint_dir: str | os.PathLike[str] | None,
+    record_dir: str | os.PathLike[str] | None,
+    kind: str,
+    line: tuple[str, str, str],
+    **fields: Any,
+) -> bool:
+    """Before a relaunch: the ``line`` (its start, then ``{}``-with the latest checkpoint, or
+    what to say without one) and, with a checkpoint, a ``kind`` record entry naming it beside
+    ``fields``; whether the relaunch resumes."""
+    from theanompi.io.checkpoint import latest_checkpoint
+    from theanompi.io.record import append_entry
+
+    ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    start, found, none = line
+    print(f"tmpi: {start}" + (found.format(ck) if ck else none), file=sys.stderr, flush=True)
+    if record_dir is not None and ck is not None:
+        append_entry(record_dir, kind, resume_from=str(ck), **fields)
+    return ck is not None
+
+
 def run_with_restarts(
     build_cmd: Callable[[bool], Sequence[str]],
     env: Mapping[str, str],
@@ -89,9 +110,6 @@ def run_with_restarts(
     is relaunched at once on the hosts of now with ``--resume``, not counted as a restart, with
     a line and an ``elastic`` record entry.
     """
-    from theanompi.io.checkpoint import latest_checkpoint
-    from theanompi.io.record import append_entry
-
     resume = False
     attempt = 0
     while True:
@@ -111,25 +129,17 @@ def run_with_restarts(
         elif elastic is not None and not elastic.in_place and result.failure and not stopped:
             change, where = "going on with a rank fewer", elastic.fewer()  # a rank was lost
         if where is not None:
-            ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
-            resume = ck is not None
-            print(
-                f"tmpi: elastic: {change}: {where}, "
-                + (f"from {ck}" if ck else "starting over (no checkpoint yet)"),
-                file=sys.stderr,
-                flush=True,
+            resume = _from_checkpoint(
+                checkpoint_dir,
+                record_dir,
+                "elastic",
+                (f"elastic: {change}: {where}, ", "from {}", "starting over (no checkpoint yet)"),
+                change=change,
+                hosts=where,
+                seconds=round(result.seconds, 3),
             )
-            if record_dir is not None and ck is not None:
-                append_entry(
-                    record_dir,
-                    "elastic",
-                    change=change,
-                    hosts=where,
-                    resume_from=str(ck),
-                    seconds=round(result.seconds, 3),
-                )
             continue
-        if result.stopped or result.code in NOT_RESTARTABLE or attempt >= max_restarts:
+        if stopped or attempt >= max_restarts:
             if result.code not in NOT_RESTARTABLE and max_restarts:
                 print(
                     f"tmpi: giving up after {attempt} restart(s) (--max-restarts {max_restarts})",
@@ -138,23 +148,19 @@ def run_with_restarts(
                 )
             return result.code
         attempt += 1
-        ck = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
-        resume = ck is not None
         reason = result.failure or f"exit {result.code}"
-        print(
-            f"tmpi: restart {attempt}/{max_restarts} after {reason}: "
-            + (f"resuming from {ck}" if ck else "no checkpoint yet, starting over"),
-            file=sys.stderr,
-            flush=True,
+        resume = _from_checkpoint(
+            checkpoint_dir,
+            record_dir,
+            "restart",
+            (
+                f"restart {attempt}/{max_restarts} after {reason}: ",
+                "resuming from {}",
+                "no checkpoint yet, starting over",
+            ),
+            attempt=attempt,
+            max_restarts=max_restarts,
+            exit_code=result.code,
+            reason=reason,
+            seconds=round(result.seconds, 3),
         )
-        if record_dir is not None and ck is not None:
-            append_entry(
-                record_dir,
-                "restart",
-                attempt=attempt,
-                max_restarts=max_restarts,
-                exit_code=result.code,
-                reason=reason,
-                resume_from=str(ck),
-                seconds=round(result.seconds, 3),
-            )

@@ -192,7 +192,7 @@ def _rule_for(cfg: Any, size: int) -> tuple[Any, str]:
     import dataclasses
 
     from theanompi.comm import is_power_of_two
-    from theanompi.exchange import STRATEGIES
+    from theanompi.exchange import STRATEGIES, any_n_strategies
     from theanompi.rules import RULES
 
     we = cfg.weight_exchange
@@ -200,11 +200,7 @@ def _rule_for(cfg: Any, size: int) -> tuple[Any, str]:
     uses = RULES.get(we.sync_rule).uses_strategy
     if not (uses and cls.requires_power_of_two) or is_power_of_two(size):
         return create_rule(cfg), ""
-    other = next(
-        s
-        for s in STRATEGIES
-        if not (STRATEGIES.get(s).requires_power_of_two or STRATEGIES.get(s).baseline)
-    )
+    other = any_n_strategies()[0]
     wire = cls.wire_compression(we.compression)
     on = other + ("" if wire == "none" else f"+{wire}")
     note = f"; {we.exch_strategy} needs a power of 2: {on} on {size}"

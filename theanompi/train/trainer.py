@@ -14,6 +14,7 @@ from theanompi.launch.watchdog import Watchdog
 from theanompi.models.params import assert_identical
 from theanompi.train.agreement import Agreement
 from theanompi.train.checkpoints import Checkpoints
+from theanompi.train.elastic import Point
 from theanompi.train.epoch_end import EpochEnd
 from theanompi.train.progress import TIMES, Progress, StepStats
 from theanompi.train.schedule import LRSetter
@@ -277,8 +278,6 @@ class Trainer:
         """Elastic: the state after ``step`` (``dealt`` sub-batches of ``epoch`` trained) as
         the point a shrink goes back to."""
         if self.commit is not None:
-            from theanompi.train.elastic import Point
-
             self.commit.keep(Point(epoch, step, dealt, self.ckpts.last), always=always)
 
     def _window(self, stats: StepStats, epoch: int, k: int, n: int, step: int, lr: float) -> None:
