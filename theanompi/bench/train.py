@@ -240,6 +240,7 @@ def run_n(
     go (default: this machine), ``wrap`` turns the mpirun command into the one to run (e.g.
     :meth:`SimCluster.on_head`)."""
     from theanompi.launch.mpirun import mpirun_command, mpirun_env
+    from theanompi.launch.restart import run_started
 
     argv = [sys.executable, "-m", "theanompi.bench.train", "--worker", str(out)]
     argv += ["--data", str(data), "--model", args.model, "--steps", str(args.steps)]
@@ -258,7 +259,7 @@ def run_n(
         "OMP_NUM_THREADS": str(args.blas_threads),
     }
     cmd = mpirun_command(n, argv, placement)
-    proc = subprocess.run(wrap(cmd) if wrap else cmd, env=env, capture_output=True, text=True)
+    proc = run_started(wrap(cmd) if wrap else cmd, timed_only=True, env=env)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         tail = [x for x in lines if x.startswith("tmpi: error")][:1] or lines[-5:]

@@ -39,13 +39,20 @@ def _again(k: int, cmd: Sequence[str], why: str) -> None:
             f.write(f"{k + 1}/{START_TRIES} {' '.join(map(str, cmd))[:300]}\n")
 
 
-def run_started(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+def run_started(
+    cmd: Sequence[str], *, timed_only: bool = False, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)`` of an mpirun line,
     run again (up to :data:`START_TRIES` in all) while mpirun failed before starting any rank:
-    the captured-output twin of the launcher's own retry, for benches and tests."""
+    the captured-output twin of the launcher's own retry, for benches and tests.
+
+    Captured output cannot tell a daemon that never came up from a node lost mid-run; a job
+    that is only timed (``timed_only``: a bench, which loses nothing by going again) takes
+    both for a start that failed."""
+    placed: dict[int, str] | None = {} if timed_only else None
     for k in range(1, START_TRIES + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
-        why = never_started(proc.stderr + proc.stdout) if proc.returncode else ""
+        why = never_started(proc.stderr + proc.stdout, placed) if proc.returncode else ""
         if not why:
             break
         if k < START_TRIES:
