@@ -393,7 +393,7 @@ def run_training(s: TrainSettings) -> None:
     """Validate the config, relaunch under mpirun for ``-n`` (after the checks that need no
     rank), start MPI and train."""
     from theanompi.config import check_world_size, load_config, run_config
-    from theanompi.train.run import shrinks_in_place
+    from theanompi.train.plan import shrinks_in_place
 
     config = s.config
     if s.output.resume and config is None and s.model is None:  # the run as it was trained

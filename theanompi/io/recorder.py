@@ -50,13 +50,18 @@ class Recorder:
         *,
         loggers: Sequence[str],
         run_dir: str | Path,
-        keep_before_epoch: int | None,
+        start_epoch: int,
+        resumed: bool,
+        shrunk: bool,
         resumed_step: int,
         start: dict[str, Any],
     ) -> Recorder:
-        """Collective: the record in ``record_dir`` (written by rank 0; a resume keeps the
-        entries before epoch ``keep_before_epoch``) opened with the ``start`` entry, and the
-        loggers named (``output.loggers``) writing under ``run_dir``.
+        """Collective: the record in ``record_dir`` (written by rank 0) opened with the
+        ``start`` entry, and the loggers named (``output.loggers``) writing under ``run_dir``.
+
+        The entries kept: after an elastic shrink (``shrunk``) all of them, as the epoch goes
+        on; on a resume those before ``start_epoch`` (the unfinished one is trained again);
+        else none (a new run).
 
         The start entry's ``lost_steps`` (also ``lost_steps`` here, on rank 0): the steps the
         record shows done after ``resumed_step``, the checkpoint a resume starts from, i.e.
@@ -64,7 +69,8 @@ class Recorder:
         short for a step boundary), trained again. A lower bound: the record notes progress
         every ``print_freq`` steps."""
         enabled = comm.Get_rank() == 0
-        record = RecordWriter(record_dir, enabled=enabled, keep_before_epoch=keep_before_epoch)
+        kept = start_epoch + 1 if shrunk else (start_epoch if resumed else None)
+        record = RecordWriter(record_dir, enabled=enabled, keep_before_epoch=kept)
         lost = max(0, record.last_step - resumed_step)
         record.write("start", lost_steps=lost, **start)
         opened = collective(comm, _open_loggers, loggers, run_dir, record, enabled)

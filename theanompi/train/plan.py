@@ -9,7 +9,33 @@ from theanompi.models.optim import LRPolicy, lr_policy
 from theanompi.train.schedule import LRSchedule, lr_scale
 from theanompi.train.trainer import LoopSettings
 
-__all__ = ["FitPlan", "SnapshotPlan", "RecordPlan", "SchedulePlan"]
+__all__ = [
+    "FitPlan",
+    "ElasticPlan",
+    "SnapshotPlan",
+    "RecordPlan",
+    "SchedulePlan",
+    "shrinks_in_place",
+]
+
+
+def shrinks_in_place(cfg: Any) -> bool:
+    """An elastic run (``elastic.min_np``) whose ranks left after a lost one go on in the same
+    job (BSP, serial exchange, no ZeRO-1); the launcher relaunches the others smaller."""
+    from theanompi.rules import RULES
+
+    we = cfg.weight_exchange
+    return bool(cfg.elastic.min_np) and RULES.get(we.sync_rule).shrinks_in_place(we)
+
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    """An elastic run's rank-side settings (``elastic``): the fewest ranks it trains on, how
+    often the state a shrink goes back to is kept, and whether a loss shrinks in place."""
+
+    min_np: int
+    commit_every_steps: int
+    in_place: bool
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,8 @@ class FitPlan:
     snapshot: SnapshotPlan
     record: RecordPlan
     schedule: SchedulePlan
+    #: None unless ``elastic.min_np`` is set
+    elastic: ElasticPlan | None = None
     #: the whole config as a plain dict: the record's ``start`` entry and checkpoints keep it
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -76,7 +104,8 @@ class FitPlan:
     def from_config(cls, cfg: Any, resume: bool, model_source: str | None = None) -> FitPlan:
         """The plan of validated config ``cfg`` (``resume``: continue its run dir's run);
         ``model_source``: the file a user's model was loaded from, kept in checkpoints."""
-        out, tr = cfg.output, cfg.training
+        out, tr, el = cfg.output, cfg.training, cfg.elastic
+        elastic = ElasticPlan(int(el.min_np), int(el.commit_every_steps), shrinks_in_place(cfg))
         return cls(
             model_name=str(cfg.model.name),
             seed=int(cfg.randomness.seed),
@@ -99,5 +128,6 @@ class FitPlan:
                 float(tr.warmup_epochs),
                 lr_policy(cfg.model),
             ),
+            elastic=elastic if el.min_np else None,
             config=cfg.to_dict(),
         )

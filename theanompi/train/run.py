@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 __all__ = [
     "run",
     "create_rule",
-    "shrinks_in_place",
     "build_model",
     "save_config",
     "train_loader",
@@ -34,15 +33,6 @@ def create_rule(cfg: Any) -> Any:
 
         we = dataclasses.replace(we, overlap="never")
     return RULES.get(we.sync_rule).from_config(we, seed=cfg.randomness.seed)
-
-
-def shrinks_in_place(cfg: Any) -> bool:
-    """An elastic run (``elastic.min_np``) whose ranks left after a lost one go on in the same
-    job (BSP, serial exchange, no ZeRO-1); the launcher relaunches the others smaller."""
-    from theanompi.rules import RULES
-
-    we = cfg.weight_exchange
-    return bool(cfg.elastic.min_np) and RULES.get(we.sync_rule).shrinks_in_place(we)
 
 
 def build_model(
@@ -126,7 +116,7 @@ def run(
     parts = collective(comm, _setup, cfg, wcomm, model, server is None)
     plan = FitPlan.from_config(cfg, resume, model_source)
     stall, stacks = float(cfg.training.stall_timeout), f"{cfg.output.run_dir}/stacks"
-    if shrinks_in_place(cfg):  # BSP: every rank a worker
+    if plan.elastic and plan.elastic.in_place:  # BSP: every rank a worker
         mine, comm = _fit_elastic(cfg, plan, comm, (rule, *parts), timeline, stall, stacks)
     else:
         with Watchdog(comm, stall, stacks_dir=stacks) as watchdog:
@@ -160,8 +150,9 @@ def _fit_elastic(
     from theanompi.launch.watchdog import Watchdog
     from theanompi.train.elastic import Commit, train_elastic
 
-    model = parts[-1]
-    commit = Commit(model, cfg.elastic.commit_every_steps)
+    model, elastic = parts[-1], plan.elastic
+    assert elastic is not None
+    commit = Commit(model, elastic.commit_every_steps)
 
     def fit(c: Any, p: tuple[Any, ...], resume: Resume | None) -> dict[str, Any]:
         rule, train, val, _ = p
@@ -176,7 +167,7 @@ def _fit_elastic(
     return train_elastic(
         comm,
         parts,
-        min_np=int(cfg.elastic.min_np),
+        min_np=elastic.min_np,
         commit=commit,
         fit=fit,
         rebuild=rebuild,
@@ -363,7 +354,6 @@ def _fit(
         start = start_state(
             snap, model, rule, comm, resume=plan.resume, k=k, n_epochs=n_epochs, log=log
         )
-        _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup)
     else:  # after a shrink: the commit's values are in the model on every rank left
         rule.setup(model, comm)
         p = resume.point
@@ -374,7 +364,9 @@ def _fit(
         rp.record_dir,
         loggers=rp.loggers,
         run_dir=rp.run_dir,
-        keep_before_epoch=_record_kept(start.epoch, plan.resume, resume is not None),
+        start_epoch=start.epoch,
+        resumed=plan.resume,
+        shrunk=resume is not None,
         resumed_step=start.step,
         start=dict(
             rule=rule.name,
@@ -393,11 +385,6 @@ def _fit(
             **({"elastic": resume.change} if resume is not None else {}),
         ),
     )
-    if recorder.lost_steps and resume is None:
-        log(
-            f"{recorder.lost_steps} step(s) after that checkpoint were lost (stopped before "
-            "the next one): training them again"
-        )
     trainer = Trainer(
         model=model,
         rule=rule,
@@ -413,20 +400,19 @@ def _fit(
         loggers=recorder.loggers,
         commit=commit,
     )
+    if resume is None:  # a shrink's own line said what changed
+        _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup)
+        if recorder.lost_steps:
+            log(
+                f"{recorder.lost_steps} step(s) after that checkpoint were lost (stopped "
+                "before the next one): training them again"
+            )
     try:
         return trainer.fit(
             start.epoch, start.step, start.checkpoint, start.step_in_epoch, start.dealt
         )
     finally:
         recorder.close()
-
-
-def _record_kept(epoch: int, resumed: bool, shrunk: bool) -> int | None:
-    """The record's entries kept: after a shrink all of them (the epoch goes on), on a resume
-    those before ``epoch`` (the unfinished one is trained again), else none (a new run)."""
-    if shrunk:
-        return epoch + 1
-    return epoch if resumed else None
 
 
 def _log_start(
