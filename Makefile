@@ -77,8 +77,8 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: test-mpi test-suite
 
 test-suite: venv
-	$(PYTEST) -n $(JOBS) --dist worksteal -m "not serial"
-	$(PYTEST) -m serial
+	$(PYTEST) -n $(JOBS) --dist worksteal -m "not serial" --durations 15
+	$(PYTEST) -m serial --durations 8
 
 test-quick: venv
 	$(PYTEST) -n $(JOBS) --dist worksteal -m "not serial and not slow"

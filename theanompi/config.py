@@ -591,7 +591,7 @@ def check_world_size(cfg: Config, size: int) -> None:
             f"elastic.min_np={cfg.elastic.min_np} exceeds the {size} rank(s) started; "
             f"use --min-np {size} or less, or -n {cfg.elastic.min_np}"
         )
-    if not rule.uses_strategy or cfg.elastic.min_np:  # elastic: any N (train.run._rule_for)
+    if not rule.uses_strategy or cfg.elastic.min_np:  # elastic: any N (train.run.create_rule)
         return
     strategy = cfg.weight_exchange.exch_strategy
     n = rule.n_workers(size)

@@ -23,16 +23,29 @@ __all__ = [
 ]
 
 
-def create_rule(cfg: Any) -> Any:
-    """The sync rule named by ``weight_exchange.sync_rule``, built from its config section."""
+def create_rule(cfg: Any, size: int) -> tuple[Any, str]:
+    """The sync rule named by ``weight_exchange.sync_rule``, built from its section for a job
+    of ``size`` ranks, and a note of what elastic training changed in that section: its
+    exchange stays serial (overlap auto), and a strategy that needs a power of 2 that ``size``
+    is not gives way to the first that takes any N, with the same values on the wire."""
+    import dataclasses
+
+    from theanompi.comm import is_power_of_two
+    from theanompi.exchange import STRATEGIES, any_n_strategies
     from theanompi.rules import RULES
 
-    we = cfg.weight_exchange
-    if cfg.elastic.min_np and we.overlap == "auto":  # elastic: the exchange stays serial
-        import dataclasses
-
+    we, note = cfg.weight_exchange, ""
+    if cfg.elastic.min_np and we.overlap == "auto":
         we = dataclasses.replace(we, overlap="never")
-    return RULES.get(we.sync_rule).from_config(we, seed=cfg.randomness.seed)
+    cls = STRATEGIES.get(we.exch_strategy)
+    swap = cfg.elastic.min_np and RULES.get(we.sync_rule).uses_strategy
+    if swap and cls.requires_power_of_two and not is_power_of_two(size):
+        other = any_n_strategies()[0]
+        wire = cls.wire_compression(we.compression)
+        on = other + ("" if wire == "none" else f"+{wire}")
+        note = f"; {we.exch_strategy} needs a power of 2: {on} on {size}"
+        we = dataclasses.replace(we, exch_strategy=other, compression=wire)
+    return RULES.get(we.sync_rule).from_config(we, seed=cfg.randomness.seed), note
 
 
 def build_model(
@@ -102,7 +115,7 @@ def run(
     from theanompi.train.startup import check_nodes
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    rule, note = _rule_for(cfg, comm.Get_size()) if cfg.elastic.min_np else (create_rule(cfg), "")
+    rule, note = create_rule(cfg, comm.Get_size())
     if note and comm.Get_rank() == 0:  # elastic, relaunched on N that is no power of 2
         print(f"[{rule.name.lower()}] elastic: {note.lstrip('; ')}", flush=True)
     rule.check_world(comm.Get_size())
@@ -160,7 +173,7 @@ def _fit_elastic(
             return _fit(plan, rule, c, train, val, model, timeline, watchdog, commit, resume)
 
     def rebuild(c: Any) -> tuple[tuple[Any, ...], str]:
-        rule, note = _rule_for(cfg, c.Get_size())
+        rule, note = create_rule(cfg, c.Get_size())
         rule.worker_comm(c)  # every rank a worker
         return (rule, *_loaders(cfg, c.Get_rank(), c.Get_size()), model), note
 
@@ -174,29 +187,6 @@ def _fit_elastic(
         log=(lambda t: print(f"[{parts[0].name.lower()}] {t}", flush=True)),
         stop_code=lambda: EXIT_REQUEUED if job_id() is not None else 1,
     )
-
-
-def _rule_for(cfg: Any, size: int) -> tuple[Any, str]:
-    """The config's rule for an elastic job on ``size`` ranks (at its start, after a loss), and
-    a note when its strategy needs a power of 2 that ``size`` is not: then the first strategy
-    that takes any N, with the same values on the wire."""
-    import dataclasses
-
-    from theanompi.comm import is_power_of_two
-    from theanompi.exchange import STRATEGIES, any_n_strategies
-    from theanompi.rules import RULES
-
-    we = cfg.weight_exchange
-    cls = STRATEGIES.get(we.exch_strategy)
-    uses = RULES.get(we.sync_rule).uses_strategy
-    if not (uses and cls.requires_power_of_two) or is_power_of_two(size):
-        return create_rule(cfg), ""
-    other = any_n_strategies()[0]
-    wire = cls.wire_compression(we.compression)
-    on = other + ("" if wire == "none" else f"+{wire}")
-    note = f"; {we.exch_strategy} needs a power of 2: {on} on {size}"
-    we = dataclasses.replace(we, exch_strategy=other, compression=wire)
-    return create_rule(dataclasses.replace(cfg, weight_exchange=we)), note
 
 
 def _loaders(cfg: Any, rank: int, size: int) -> tuple[Any, Any]:
