@@ -99,6 +99,32 @@ def test_below_min_np_the_job_stops_with_one_line(tiny: Path, tmp_path: Path) ->
     assert "Traceback" not in out.stderr
 
 
+def test_below_min_np_the_launcher_waits_for_the_scripts_slots(tiny: Path, tmp_path: Path) -> None:
+    """With a host discovery script, a job whose ranks fell below --min-np is relaunched from
+    its last checkpoint once the script offers --min-np slots (here at once: this machine's)."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    run, epochs = tmp_path / "run", 20
+    args = tiny_train_args(tiny, run, "--min-np", "2", epochs=epochs)[1:]
+    args += ["--host-discovery-script", str(script)]
+    args += ["--set", "output.checkpoint_every_steps=2", "--set", "training.print_freq=1"]
+    with Job(tmpi_argv("train", "-n", "2", *args)) as job:
+        job.wait_for(rf"epoch 2/{epochs} step 2/", timeout=180)
+        job.kill(job.rank_pid(1), signal.SIGKILL)
+        out = job.wait(timeout=180)
+        left, _ = job.wait_gone(timeout=10)
+        assert not left, f"left behind: {job.describe(left)}"
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1 rank(s) left of elastic.min_np=2" in out.stderr, out.stderr[-3000:]
+    assert "tmpi: elastic: going on with the hosts offered: 2 ranks on " in out.stderr
+    rec = read_record(run)
+    assert rec[-1]["kind"] == "end" and rec[-1]["world_size"] == 2, rec[-1]
+    assert [r["epoch"] for r in rec if r["kind"] == "epoch"] == list(range(epochs))
+    (entry,) = [r for r in rec if r["kind"] == "elastic"]
+    assert entry["change"] == "going on with the hosts offered" and entry["resume_from"]
+
+
 @pytest.mark.parametrize(
     "flags",
     [["--rule", "GOSGD"], ["--rule", "EASGD"], ["--shard-optimizer", "--sync-type", "cdd"]],

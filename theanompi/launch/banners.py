@@ -10,6 +10,7 @@ from theanompi.launch.launcher_watch import STOP_SIGNAL
 from theanompi.launch.slurm import EXIT_REQUEUED
 
 __all__ = [
+    "BELOW_MIN_NP",
     "SIGNALED",
     "REQUEUED_BANNER",
     "STOPPED_BANNER",
@@ -19,6 +20,9 @@ __all__ = [
     "never_started",
 ]
 
+# the line of an elastic job's ranks when a loss left fewer than ``elastic.min_np`` of them in
+# place (train.elastic): the launcher waits for the discovery script's slots, where there is one
+BELOW_MIN_NP = "rank(s) left of elastic.min_np="
 # "prterun noticed that process rank 1 with PID 1977 on node vm exited on\nsignal 9 (Killed)."
 SIGNALED = re.compile(
     r"noticed that process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)"

@@ -162,6 +162,18 @@ class ElasticHosts:
         self.n -= 1
         return self.placement.describe(self.n)
 
+    def refill(self) -> str | None:
+        """The ranks left in place fell below ``min_np`` (their line said so): with a script,
+        where the job goes on once it offers ``min_np`` slots (within ``timeout``); else None,
+        and the job ends as its ranks said."""
+        if not self.script:
+            return None
+        hosts = self._wait_for(self.min_np, f"to go on (fewer than --min-np {self.min_np} left)")
+        if hosts is None:
+            _say(f"fewer than --min-np {self.min_np} slots offered for {self.timeout:g} s")
+            return None
+        return self._take(hosts)
+
     def more(self) -> str | None:
         """The launcher's watch while the job runs: the hosts that the script offers now, when
         they hold more slots than the job uses and it may grow (``max_np``); else None."""

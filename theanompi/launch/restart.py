@@ -115,7 +115,8 @@ def run_with_restarts(
     ``elastic`` (an elastic job's hosts, which ``build_cmd`` reads): after losing a host, or
     once the discovery script offers more slots (the ranks stopped at a step boundary), the job
     is relaunched at once on the hosts of now with ``--resume``, not counted as a restart, with
-    a line and an ``elastic`` record entry.
+    a line and an ``elastic`` record entry; so is a job whose ranks fell below ``--min-np``,
+    once the script offers enough slots again.
     """
     resume = False
     attempt = 0
@@ -135,6 +136,8 @@ def run_with_restarts(
             change, where = "growing", elastic.grow()
         elif elastic is not None and not elastic.in_place and result.failure and not stopped:
             change, where = "going on with a rank fewer", elastic.fewer()  # a rank was lost
+        elif elastic is not None and result.below_min_np:
+            change, where = "going on with the hosts offered", elastic.refill()
         if where is not None:
             resume = _from_checkpoint(
                 checkpoint_dir,

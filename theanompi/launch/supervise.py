@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from theanompi.launch.banners import SIGNALED, failure_line, lost_line, never_started
+from theanompi.launch.banners import BELOW_MIN_NP, SIGNALED, failure_line, lost_line, never_started
 from theanompi.launch.launcher_watch import (
     EXIT_INTERRUPTED,
     LAUNCHER_HOST_ENV,
@@ -50,7 +50,8 @@ class Attempt:
     mpirun failed before starting any rank (:func:`~theanompi.launch.banners.never_started`;
     ``""``: it started), ``lost_host`` the first host lost mid-run (its mpirun daemon died, the
     node went down; ``""``: none) and ``lost_ranks`` the ranks it ran, ``moved`` why the
-    launcher's watch stopped the ranks for a relaunch elsewhere (``""``: it did not)."""
+    launcher's watch stopped the ranks for a relaunch elsewhere (``""``: it did not),
+    ``below_min_np`` whether an elastic job's ranks left in place were too few to go on."""
 
     code: int
     mpirun_code: int
@@ -61,6 +62,7 @@ class Attempt:
     lost_host: str = ""
     lost_ranks: tuple[int, ...] = ()
     moved: str = ""
+    below_min_np: bool = False
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
@@ -280,7 +282,8 @@ class SupervisedRun:
         took = time.monotonic() - self.t0
         lost = "" if stopped else (out.lost or "")
         ranks = tuple(sorted(r for r, h in out.placed.items() if lost and h == lost))
-        return Attempt(code, rc, stopped, failure, took, not_started, lost, ranks, self.moved)
+        few = not stopped and BELOW_MIN_NP in tail
+        return Attempt(code, rc, stopped, failure, took, not_started, lost, ranks, self.moved, few)
 
 
 def _launched_by_me(pid: int) -> bool:

@@ -28,6 +28,7 @@ import numpy as np
 
 from theanompi.comm import revoke_made, set_world
 from theanompi.errors import UserError
+from theanompi.launch.banners import BELOW_MIN_NP
 from theanompi.models.params import get_values, set_values
 
 __all__ = ["Point", "Commit", "Resume", "BelowMinimum", "shrink", "train_elastic"]
@@ -163,7 +164,7 @@ def train_elastic(
         who = f"rank{'s' if len(lost) > 1 else ''} {','.join(map(str, lost))} ({', '.join(gone)})"
         if size < min_np:
             err = BelowMinimum(
-                f"elastic: lost {who}; {size} rank(s) left of elastic.min_np={min_np}; last "
+                f"elastic: lost {who}; {size} {BELOW_MIN_NP}{min_np}; last "
                 f"checkpoint: {point.checkpoint or 'none'} (continue with --resume)"
             )
             err.exit_code = stop_code()
