@@ -180,11 +180,12 @@ def _torch_net(model: Any) -> Any:
         if isinstance(layer, L.Residual):
             return _TorchResidual(tr(layer.main), tr(layer.shortcut) if layer.shortcut else None)
         if isinstance(layer, L.BatchNorm):
-            return (
+            bn = (
                 nn.BatchNorm2d(layer.in_shape[0])
                 if len(layer.in_shape) == 3
                 else nn.BatchNorm1d(layer.in_shape[0])
             )
+            return nn.Sequential(bn, nn.ReLU(inplace=True)) if layer.relu else bn
         raise TypeError(f"no torch translation for {layer!r}")
 
     return tr(model.net)

@@ -596,6 +596,9 @@ class BatchNorm(Layer):
     batch's mean and variance by ``momentum``; evaluation normalises with the running
     values. Each pass is one Op (:mod:`theanompi.models.ops.batchnorm`). ``gamma`` starts at
     ``gamma_init`` (0 for the last BN of a residual branch with ``zero_init_residual``).
+    ``relu=True`` is BN followed by :class:`ReLU` in one Op, whose gradient needs only the
+    rectified output: the pre-ReLU activation is not kept for the backward pass. Parameter
+    and state names do not depend on it (a checkpoint loads either way).
 
     >>> bn = BatchNorm((16, 8, 8), name="bn1")
     >>> [p.name for p in bn.params], [s.name for s in bn.state]
@@ -609,8 +612,10 @@ class BatchNorm(Layer):
         momentum: float = 0.1,
         name: str = "bn",
         gamma_init: float = 1.0,
+        relu: bool = False,
     ) -> None:
         super().__init__(in_shape, name)
+        self.relu = bool(relu)
         if not 0.0 < momentum <= 1.0:
             raise ValueError(f"{name}: momentum={momentum!r} must be in (0, 1], e.g. 0.1")
         if eps <= 0:
@@ -630,8 +635,10 @@ class BatchNorm(Layer):
         vecs = (self.gamma, self.beta, self.mean, self.var)
         args = [x, *(pt.specify_shape(v, (c,)) for v in vecs)]
         if not train:
-            return batch_norm_infer(*args, eps=self.eps)
-        y, new_mean, new_var, _, _ = batch_norm_train(*args, eps=self.eps, momentum=self.momentum)
+            return batch_norm_infer(*args, eps=self.eps, relu=self.relu)
+        y, new_mean, new_var, _, _ = batch_norm_train(
+            *args, eps=self.eps, momentum=self.momentum, relu=self.relu
+        )
         self.updates = [(self.mean, new_mean), (self.var, new_var)]
         return y
 

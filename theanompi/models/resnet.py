@@ -37,7 +37,8 @@ def bottleneck(
     """One bottleneck block, ``relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x))))))))
     + shortcut(x))``: 1x1 (``width``) -> 3x3 (``width``, ``stride``: v1.5 strides here)
     -> 1x1 (``4 * width``); the shortcut is a 1x1 conv + BN (``downsample``) when the
-    stride or the channel count changes, else the identity. Convs carry no bias.
+    stride or the channel count changes, else the identity. Convs carry no bias. bn1 and bn2
+    carry their ReLU (``BatchNorm(relu=True)``: the pre-ReLU activations are not stored).
 
     >>> bottleneck((64, 56, 56), 64, 1, "layer1.0", np.random.default_rng(0)).out_shape
     (256, 56, 56)
@@ -45,9 +46,9 @@ def bottleneck(
     out = width * EXPANSION
     main = Sequential(in_shape, f"{name}.main")
     main.add(Conv2D, width, 1, bias=False, name=f"{name}.conv1", rng=rng)
-    main.add(BatchNorm, name=f"{name}.bn1").add(ReLU, name=f"{name}.relu1")
+    main.add(BatchNorm, name=f"{name}.bn1", relu=True)
     main.add(Conv2D, width, 3, stride=stride, pad=1, bias=False, name=f"{name}.conv2", rng=rng)
-    main.add(BatchNorm, name=f"{name}.bn2").add(ReLU, name=f"{name}.relu2")
+    main.add(BatchNorm, name=f"{name}.bn2", relu=True)
     main.add(Conv2D, out, 1, bias=False, name=f"{name}.conv3", rng=rng)
     main.add(BatchNorm, name=f"{name}.bn3", gamma_init=0.0 if zero_init_residual else 1.0)
     short = None
@@ -93,7 +94,7 @@ class ResNet50(Model):
         rng = self.rng
         net = Sequential(self.input_shape, "resnet50")
         net.add(Conv2D, w(64), 7, stride=2, pad=3, bias=False, name="conv1", rng=rng)
-        net.add(BatchNorm, name="bn1").add(ReLU, name="relu")
+        net.add(BatchNorm, name="bn1", relu=True)
         net.add(MaxPool2D, 3, 2, pad=1, name="maxpool")
         for s, (blocks, width) in enumerate(STAGES):
             for i in range(blocks):

@@ -240,6 +240,8 @@ def _jax_bn_train(op: BatchNormTrain, node: Any = None, **kwargs: Any) -> Any:
         var = jnp.square(x - _bc(mean, nd)).mean(axis=axes)
         invstd = 1.0 / jnp.sqrt(var + op.eps)
         y = (x - _bc(mean, nd)) * _bc(gamma * invstd, nd) + _bc(beta, nd)
+        if op.relu:
+            y = y * (y > 0)
         m = op.momentum
         return y, (1 - m) * rmean + m * mean, (1 - m) * rvar + m * var, mean, invstd
 
@@ -248,7 +250,11 @@ def _jax_bn_train(op: BatchNormTrain, node: Any = None, **kwargs: Any) -> Any:
 
 @jax_funcify.register(BatchNormTrainGrad)
 def _jax_bn_train_grad(op: BatchNormTrainGrad, node: Any = None, **kwargs: Any) -> Any:
-    def batch_norm_train_grad(x: Any, gamma: Any, mean: Any, invstd: Any, gy: Any) -> Any:
+    def batch_norm_train_grad(
+        x: Any, gamma: Any, mean: Any, invstd: Any, gy: Any, z: Any = None
+    ) -> Any:
+        if op.relu:  # dy = dz * (z > 0), the ReLU layer's gradient
+            gy = gy * (z > 0)
         axes, nd = _axes(x.ndim), x.ndim
         n = x.size // x.shape[1]
         xhat = (x - _bc(mean, nd)) * _bc(invstd, nd)
@@ -264,6 +270,7 @@ def _jax_bn_train_grad(op: BatchNormTrainGrad, node: Any = None, **kwargs: Any) 
 def _jax_bn_infer(op: BatchNormInfer, node: Any = None, **kwargs: Any) -> Any:
     def batch_norm_infer(x: Any, gamma: Any, beta: Any, rmean: Any, rvar: Any) -> Any:
         scale = gamma / jnp.sqrt(rvar + op.eps)
-        return x * _bc(scale, x.ndim) + _bc(beta - rmean * scale, x.ndim)
+        y = x * _bc(scale, x.ndim) + _bc(beta - rmean * scale, x.ndim)
+        return y * (y > 0) if op.relu else y
 
     return batch_norm_infer
