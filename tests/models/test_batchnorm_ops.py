@@ -90,7 +90,7 @@ def assert_c_thunks(fn):
 
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("shape", [(6, 3, 5, 4), (9, 4), (4, 2, 7)])
+@pytest.mark.parametrize("shape", [(6, 3, 5, 4), (9, 4)])
 def test_c_matches_perform_and_float64_reference(shape, dtype, relu):
     ins, outs = graph(shape, dtype, relu)
     fc = pytensor.function(ins, outs, mode=C)
@@ -265,13 +265,13 @@ def test_resnet50_train_step_matches_the_unfused_net(photos):
     two SGD steps and an evaluation agree with the net of separate ReLU layers."""
     from theanompi.models import create_model
 
-    x, y = photos(32, 8, 4, seed=5)
+    x, y = photos(32, 4, 4, seed=5)
     sec = dict(
         name="resnet50",
         input_size=32,
         channels=3,
         n_classes=4,
-        batch_size=8,
+        batch_size=4,
         learning_rate=0.05,
         arch={"width": 0.0625},
     )
@@ -280,7 +280,7 @@ def test_resnet50_train_step_matches_the_unfused_net(photos):
         m = create_model(sec)
         if not fused:
             _unfuse(m.net)
-        m.build(8)
+        m.build(4)
         losses = [m.train_step(x, y)[0] for _ in range(2)]
         state = [v.get_value() for v in (*m.params, *m.buffers)]
         runs[fused] = (losses, state, m.val_step(x, y)[0])

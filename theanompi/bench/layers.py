@@ -22,7 +22,9 @@ from theanompi.io.atomic import write_json
 
 __all__ = ["KINDS", "main", "profile_ours", "profile_torch"]
 
-#: the rows of the table, in order; our conv backward is split into its two Ops below it
+#: the rows of the table, in order; our conv backward is split into its two Ops below it.
+#: Our batch norm rows include the ReLU fused into ``BatchNorm(relu=True)`` (ResNet-50's
+#: conv -> bn -> relu sites, one Op each way); torch's ReLU there counts as elementwise.
 KINDS = (
     "conv forward",
     "conv backward",

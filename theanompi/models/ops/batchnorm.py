@@ -212,7 +212,7 @@ class _BNOp(KernelOp):
             + [f"({ctype}*)PyArray_DATA({z})" for z in out]
         )
         release = " ".join(f"Py_XDECREF(a{i});" for i in range(len(inp)))
-        relu = "true" if getattr(self, "relu", 0) else "false"
+        relu = "true" if self.relu else "false"
         return f"""
         {{
             {grab}
