@@ -88,9 +88,16 @@ def assert_c_thunks(fn):
     assert bn and all(hasattr(t, "cthunk") for _, t in bn), [(n.op, t) for n, t in bn]
 
 
-@pytest.mark.parametrize("relu", [False, True])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("shape", [(6, 3, 5, 4), (9, 4)])
+# each dtype, rank and relu once (a cold compile is ~4 s a case)
+@pytest.mark.parametrize(
+    ("shape", "dtype", "relu"),
+    [
+        ((6, 3, 5, 4), "float32", True),
+        ((6, 3, 5, 4), "float64", False),
+        ((9, 4), "float32", False),
+        ((9, 4), "float64", True),
+    ],
+)
 def test_c_matches_perform_and_float64_reference(shape, dtype, relu):
     ins, outs = graph(shape, dtype, relu)
     fc = pytensor.function(ins, outs, mode=C)
@@ -211,24 +218,6 @@ def test_fused_bn_relu_under_jax_matches_the_c_backend():
 
 
 # ------------------------------------------------------------------------- ResNet-50 wiring
-def _unfuse(layer):
-    """Turn every ``BatchNorm(relu=True)`` under ``layer`` into BN + a ReLU layer, in place:
-    ResNet-50 as it was built before the fusion."""
-    for attr in ("main", "shortcut"):
-        if getattr(layer, attr, None) is not None:
-            _unfuse(getattr(layer, attr))
-    if not isinstance(layer, L.Sequential):
-        return
-    out = []
-    for child in layer.layers:
-        _unfuse(child)
-        out.append(child)
-        if isinstance(child, L.BatchNorm) and child.relu:
-            child.relu = False
-            out.append(L.ReLU(child.out_shape, name=child.name.replace("bn", "relu")))
-    layer.layers = out
-
-
 def test_resnet50_fuses_its_bn_relu_sites_and_keeps_its_names():
     from theanompi.models import create_model
 
@@ -258,34 +247,3 @@ def test_resnet50_fuses_its_bn_relu_sites_and_keeps_its_names():
         "layer1.0.bn1.gamma",
     ]
     assert "layer1.0.bn1.mean" in names and "layer1.0.bn2.var" in names
-
-
-def test_resnet50_train_step_matches_the_unfused_net(photos):
-    """Same init, same batch: the losses, the updated parameters and running statistics of
-    two SGD steps and an evaluation agree with the net of separate ReLU layers."""
-    from theanompi.models import create_model
-
-    x, y = photos(32, 4, 4, seed=5)
-    sec = dict(
-        name="resnet50",
-        input_size=32,
-        channels=3,
-        n_classes=4,
-        batch_size=4,
-        learning_rate=0.05,
-        arch={"width": 0.0625},
-    )
-    runs = {}
-    for fused in (True, False):
-        m = create_model(sec)
-        if not fused:
-            _unfuse(m.net)
-        m.build(4)
-        losses = [m.train_step(x, y)[0] for _ in range(2)]
-        state = [v.get_value() for v in (*m.params, *m.buffers)]
-        runs[fused] = (losses, state, m.val_step(x, y)[0])
-    (l1, s1, e1), (l0, s0, e0) = runs[True], runs[False]
-    np.testing.assert_allclose(l1, l0, rtol=1e-5)
-    assert e1 == pytest.approx(e0, rel=1e-4)
-    for a, b in zip(s1, s0, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

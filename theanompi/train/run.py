@@ -391,12 +391,8 @@ def _fit(
         commit=commit,
     )
     if resume is None:  # a shrink's own line said what changed
-        _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup)
-        if recorder.lost_steps:
-            log(
-                f"{recorder.lost_steps} step(s) after that checkpoint were lost (stopped "
-                "before the next one): training them again"
-            )
+        lost = recorder.lost_steps
+        _log_start(log, rule, plan.model_name, train, size, n_epochs, k, scale, warmup, lost)
     try:
         return trainer.fit(
             start.epoch, start.step, start.checkpoint, start.step_in_epoch, start.dealt
@@ -415,8 +411,10 @@ def _log_start(
     k: int,
     scale: float,
     warmup: int,
+    lost_steps: int,
 ) -> None:
-    """Rank 0's lines about the run about to train: ranks, model, rule, batches, lr."""
+    """Rank 0's lines about the run about to train: ranks, model, rule, batches, lr, and the
+    ``lost_steps`` after the checkpoint resumed from that it trains again."""
     b, spe = train.batch_size, train.steps_per_epoch // k
     log(
         f"{rule.world_size} rank(s), model {model_name}, {rule.describe()}, batch {b}/worker"
@@ -432,4 +430,9 @@ def _log_start(
             f"accumulate_steps {k}: an optimiser step = {k} sub-batches of {b} per worker, "
             f"{spe} optimiser steps/epoch"
             + (f"; {left} sub-batch(es) per rank and epoch dropped" if left else "")
+        )
+    if lost_steps:
+        log(
+            f"{lost_steps} step(s) after that checkpoint were lost (stopped before the next "
+            "one): training them again"
         )
