@@ -17,7 +17,9 @@ EVERY_OPTIMIZER = ["asa32:sgd", "asa32:adam", "asa32:adamw", "asa32:lars"]
 @pytest.mark.parametrize(
     ("n", "specs"),
     [
-        pytest.param(2, [*EVERY_OPTIMIZER, "asa16:adam", "ar:sgd", "asa32:adamw:2"], id="n2"),
+        # every optimiser with asa32 at N=4 (serial); at N=2 each once with another strategy or
+        # accumulation, and LARS (per-layer norms over the shards) with asa32
+        pytest.param(2, ["asa32:lars", "asa16:adam", "ar:sgd", "asa32:adamw:2"], id="n2"),
         pytest.param(3, ["ar:adamw"], id="n3"),  # chunks of a buffer padded to a multiple of 3
         pytest.param(4, EVERY_OPTIMIZER, id="n4", marks=pytest.mark.serial),
     ],
@@ -25,7 +27,7 @@ EVERY_OPTIMIZER = ["asa32:sgd", "asa32:adam", "asa32:adamw", "asa32:lars"]
 def test_sharded_optimizer_state_gives_the_unsharded_parameters(
     mpirun, n: int, specs: list[str]
 ) -> None:
-    """N=2 about 15 s, N=4 about 24 s (serial): every rank builds the digits CNN once per
+    """N=2 about 10 s, N=4 about 24 s (serial): every rank builds the digits CNN once per
     optimiser and trains it five times (two runs, three resumed), 4 ranks on 2 cores."""
     out = mpirun(n, [SCRIPT, *specs], timeout=600).stdout
     assert [line.split()[1:] for line in out.splitlines() if line.startswith("OK")] == [
