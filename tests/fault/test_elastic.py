@@ -37,6 +37,20 @@ def _train(
     return out, read_record(run), job
 
 
+def _killed_mid_run(n: int, args: list[str], rank: int, epochs: int) -> Any:
+    """``tmpi train -n n`` of ``args`` (``epochs`` of a few ms a step: time for the kill to land
+    mid-run, under load too), with a mid-epoch checkpoint every 2 steps; launch rank ``rank``
+    SIGKILLed from outside in epoch 2. Its output, once no process of it is left."""
+    args = [*args, "--set", "output.checkpoint_every_steps=2", "--set", "training.print_freq=1"]
+    with Job(tmpi_argv("train", "-n", str(n), *args)) as job:
+        job.wait_for(rf"epoch 2/{epochs} step 2/", timeout=180)
+        job.kill(job.rank_pid(rank), signal.SIGKILL)
+        out = job.wait(timeout=180)
+        left, _ = job.wait_gone(timeout=10)
+        assert not left, f"left behind: {job.describe(left)}"
+    return out
+
+
 def _digits(data: Path, run: Path, *extra: str) -> list[str]:
     return [
         "--model", "digits", "--data", str(data), "--run-dir", str(run),
@@ -107,14 +121,7 @@ def test_below_min_np_the_launcher_waits_for_the_scripts_slots(tiny: Path, tmp_p
     script.chmod(0o755)
     run, epochs = tmp_path / "run", 20
     args = tiny_train_args(tiny, run, "--min-np", "2", epochs=epochs)[1:]
-    args += ["--host-discovery-script", str(script)]
-    args += ["--set", "output.checkpoint_every_steps=2", "--set", "training.print_freq=1"]
-    with Job(tmpi_argv("train", "-n", "2", *args)) as job:
-        job.wait_for(rf"epoch 2/{epochs} step 2/", timeout=180)
-        job.kill(job.rank_pid(1), signal.SIGKILL)
-        out = job.wait(timeout=180)
-        left, _ = job.wait_gone(timeout=10)
-        assert not left, f"left behind: {job.describe(left)}"
+    out = _killed_mid_run(2, [*args, "--host-discovery-script", str(script)], 1, epochs)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "1 rank(s) left of elastic.min_np=2" in out.stderr, out.stderr[-3000:]
     assert "tmpi: elastic: going on with the hosts offered: 2 ranks on " in out.stderr
@@ -136,16 +143,9 @@ def test_a_rule_that_cannot_shrink_in_place_is_relaunched_a_rank_fewer(
     """GOSGD, EASGD (its worker rank 2) and BSP with ZeRO-1 (a lost rank takes its part of the
     optimizer state) under --min-np: mpirun ends the job, the launcher relaunches it on 2
     ranks from the last checkpoint (mid-epoch, every 2 steps), exit 0, no process left."""
-    run = tmp_path / "run"
-    epochs = 20  # a few ms a step: time for the kill to land mid-run, under load too
+    run, epochs = tmp_path / "run", 20
     args = tiny_train_args(tiny, run, "--min-np", "2", *flags, epochs=epochs)[1:]
-    args += ["--set", "output.checkpoint_every_steps=2", "--set", "training.print_freq=1"]
-    with Job(tmpi_argv("train", "-n", "3", *args)) as job:
-        job.wait_for(rf"epoch 2/{epochs} step 2/", timeout=180)
-        job.kill(job.rank_pid(2), signal.SIGKILL)
-        out = job.wait(timeout=180)
-        left, _ = job.wait_gone(timeout=10)
-        assert not left, f"left behind: {job.describe(left)}"
+    out = _killed_mid_run(3, args, 2, epochs)
     assert out.returncode == 0, out.stderr[-3000:]
     said = out.stderr
     assert "tmpi: error: rank 2 (pid" in said and "was killed by signal 9" in said, said

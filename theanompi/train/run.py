@@ -13,14 +13,7 @@ if TYPE_CHECKING:
     from theanompi.train.elastic import Commit, Resume
     from theanompi.train.plan import FitPlan
 
-__all__ = [
-    "run",
-    "create_rule",
-    "build_model",
-    "save_config",
-    "train_loader",
-    "check_accumulate",
-]
+__all__ = ["run", "create_rule", "build_model", "save_config", "train_loader", "check_accumulate"]
 
 
 def create_rule(cfg: Any, size: int) -> tuple[Any, str]:
