@@ -53,13 +53,23 @@ def _flaky(tmp_path: Path, fails: int, banner: str = BANNER) -> list[str]:
     return [str(script), *job]
 
 
+def _launches(folder: Path) -> int:
+    return int((folder / "count").read_text())
+
+
+def _said(err: str) -> int:
+    """Launches the retry said it made: the real mpirun after the replayed failures may meet a
+    real transient too (once in a suite run), and every launch past the first is announced."""
+    return 1 + err.count("launching again")
+
+
 def test_a_launch_that_did_not_start_is_launched_again(tmp_path: Path, capfd) -> None:
     result = _launch(_flaky(tmp_path, fails=1), mpirun_env())
     out, err = capfd.readouterr()
     assert result.code == 0 and not result.not_started, err
     assert "sum 1" in out
     assert err.count("mpirun failed to start (its PMIx listener); launching again (2/") == 1
-    assert (tmp_path / "count").read_text().strip() == "2"
+    assert _launches(tmp_path) == _said(err), err
 
 
 def test_it_gives_up_after_the_last_try(tmp_path: Path, capfd) -> None:
@@ -70,27 +80,30 @@ def test_it_gives_up_after_the_last_try(tmp_path: Path, capfd) -> None:
     assert (tmp_path / "count").read_text().strip() == str(START_TRIES)
 
 
-def test_run_started_runs_a_never_started_line_again_then_gives_up(tmp_path: Path) -> None:
+def test_run_started_runs_a_never_started_line_again_then_gives_up(tmp_path: Path, capfd) -> None:
     """The captured-output retry that ``run_mpi`` and ``prep.bench`` use."""
     (tmp_path / "once").mkdir()
     proc = run_started(_flaky(tmp_path / "once", fails=1), env=mpirun_env())
     assert proc.returncode == 0 and "sum 1" in proc.stdout, proc.stderr
-    assert (tmp_path / "once" / "count").read_text().strip() == "2"
+    err = capfd.readouterr().err
+    assert _launches(tmp_path / "once") == _said(err) >= 2, err
     (tmp_path / "always").mkdir()
     proc = run_started(_flaky(tmp_path / "always", fails=START_TRIES), env=mpirun_env())
     assert proc.returncode == 213 and "PMIx server's listener" in proc.stderr
     assert (tmp_path / "always" / "count").read_text().strip() == str(START_TRIES)
 
 
-def test_a_timed_only_run_also_goes_again_after_an_unreported_daemon(tmp_path: Path) -> None:
+def test_a_timed_only_run_also_goes_again_after_an_unreported_daemon(tmp_path: Path, capfd) -> None:
     """A bench loses nothing by going again; a job that trains might have lost a node."""
     (tmp_path / "train").mkdir()
     proc = run_started(_flaky(tmp_path / "train", 1, UNREPORTED), env=mpirun_env())
     assert proc.returncode == 213 and "Remote host: nodeb" in proc.stderr
     (tmp_path / "bench").mkdir()
+    capfd.readouterr()
     proc = run_started(_flaky(tmp_path / "bench", 1, UNREPORTED), timed_only=True, env=mpirun_env())
     assert proc.returncode == 0 and "sum 1" in proc.stdout, proc.stderr
-    assert (tmp_path / "bench" / "count").read_text().strip() == "2"
+    err = capfd.readouterr().err
+    assert _launches(tmp_path / "bench") == _said(err) >= 2, err
 
 
 def test_the_fault_harness_starts_a_never_started_job_again(tmp_path: Path) -> None:
