@@ -248,7 +248,8 @@ def torch_step(model: Any, batch: int, threads: int) -> Any:
 
 def _torch_child(spec: str, threads: int) -> int:
     """Peer process: build the torch twin of MODEL:BATCH, then per stdin line ``n`` time ``n``
-    steps and print their seconds as JSON. Runs outside our thread settings (own process)."""
+    steps and print their seconds as JSON; at the end of stdin, its peak RSS in bytes (the
+    whole process, as ``/usr/bin/time`` counts it). Runs outside our thread settings."""
     import torch  # noqa: F401 - first: its OpenMP reads the environment before configure() runs
 
     from theanompi.models import create_model
@@ -259,6 +260,7 @@ def _torch_child(spec: str, threads: int) -> int:
     print("ready", flush=True)
     for line in sys.stdin:
         print(json.dumps(_timed(step, int(line))), flush=True)
+    print(json.dumps(peak_rss_bytes()), flush=True)
     return 0
 
 
@@ -291,9 +293,12 @@ class _TorchPeer:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """End the peer; returns its peak RSS in bytes."""
         self.proc.stdin.close()
+        peak = json.loads(self.proc.stdout.readline())
         self.proc.wait(timeout=60)
+        return int(peak)
 
 
 def _compile_only(name: str) -> int:
@@ -437,10 +442,11 @@ def _bench_case(
         peer = _start_peer(name, batch, threads)
         use_torch = peer is not None
     ours_t, torch_t, jax_t = _alternate(r, rj, peer, rounds, steps)
-    if peer is not None:
-        peer.close()
+    torch_peak = peer.close() if peer is not None else 0
     peak = peak_rss_bytes()
     row = _case_row(name, batch, r, ours_t, torch_t, gflops, peak, per_case, start)
+    row["torch_peak_rss_mb"] = torch_peak / MB if torch_peak else float("nan")
+    row["rss_ratio"] = peak / torch_peak if torch_peak else float("nan")
     if rj is not None:
         row["jax_img_s"] = batch / statistics.median(jax_t)
         row["jax_compile_s"] = rj["compile_s"]  # + the jit on the first (untimed) step
@@ -464,7 +470,9 @@ def _print_case(row: dict[str, Any]) -> None:
             f"{row['rss_start_mb']:.0f} MB at the case's start"
             if row["peak_rss_scope"] == "case"
             else "since the process start"
-        ),
+        )
+        + f" | torch {row['torch_peak_rss_mb']:.0f} MB (its process) | ours/torch "
+        f"{row['rss_ratio']:.2f}",
         flush=True,
     )
     if "jax_img_s" in row:
@@ -495,14 +503,16 @@ def _print_table(rows: list[dict[str, Any]], jx: bool) -> None:
     """The closing markdown table of every case (a JAX column with ``--backend jax``)."""
     print(
         "| model | batch | ours img/s | PyTorch img/s | ours/PyTorch | GEMM floor img/s |"
-        " peak RSS MB (x params) |" + (" JAX img/s |" if jx else "")
+        " peak RSS MB (x params) | PyTorch peak RSS MB | RSS ours/PyTorch |"
+        + (" JAX img/s |" if jx else "")
     )
-    print("|---|---|---|---|---|---|---|" + ("---|" if jx else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if jx else ""))
     for r in rows:
         print(
             f"| {r['model']} | {r['batch']} | {r['ours_img_s']:.1f} | {r['torch_img_s']:.1f} | "
             f"{r['ratio']:.2f} | {r['gemm_floor_img_s']:.1f} | "
-            f"{r['peak_rss_mb']:.0f} ({r['peak_rss_x_params']:.1f}x) |"
+            f"{r['peak_rss_mb']:.0f} ({r['peak_rss_x_params']:.1f}x) | "
+            f"{r['torch_peak_rss_mb']:.0f} | {r['rss_ratio']:.2f} |"
             + (f" {r['jax_img_s']:.1f} |" if jx else "")
         )
 
