@@ -399,8 +399,10 @@ def _case_row(
     peak: int,
     per_case: bool,
     start: int,
+    torch_peak: int,
 ) -> dict[str, Any]:
-    """One case's results: speeds, their ratios, the GEMM floor and the memory figures."""
+    """One case's results: speeds, their ratios, the GEMM floor and the memory figures
+    (``torch_peak``: the PyTorch twin's peak RSS in bytes, 0 without it)."""
     pbytes = param_bytes(ours["model"].params)
     ours_ips = batch / statistics.median(ours_t)
     torch_ips = batch / statistics.median(torch_t) if torch_t else float("nan")
@@ -418,6 +420,8 @@ def _case_row(
         "peak_rss_x_params": peak / pbytes if pbytes else float("nan"),
         "peak_rss_scope": "case" if per_case else "process",
         "rss_start_mb": start / MB,
+        "torch_peak_rss_mb": torch_peak / MB if torch_peak else float("nan"),
+        "rss_ratio": peak / torch_peak if torch_peak else float("nan"),
     }
 
 
@@ -444,9 +448,7 @@ def _bench_case(
     ours_t, torch_t, jax_t = _alternate(r, rj, peer, rounds, steps)
     torch_peak = peer.close() if peer is not None else 0
     peak = peak_rss_bytes()
-    row = _case_row(name, batch, r, ours_t, torch_t, gflops, peak, per_case, start)
-    row["torch_peak_rss_mb"] = torch_peak / MB if torch_peak else float("nan")
-    row["rss_ratio"] = peak / torch_peak if torch_peak else float("nan")
+    row = _case_row(name, batch, r, ours_t, torch_t, gflops, peak, per_case, start, torch_peak)
     if rj is not None:
         row["jax_img_s"] = batch / statistics.median(jax_t)
         row["jax_compile_s"] = rj["compile_s"]  # + the jit on the first (untimed) step
