@@ -29,7 +29,7 @@ from typing import Any
 from pytensor.link.vm import VMLinker
 
 from theanompi.io import startup_trace
-from theanompi.models.ops import _key_index
+from theanompi.models.ops import _headers, _key_index
 
 __all__ = [
     "ParallelCVMLinker",
@@ -81,8 +81,9 @@ def _job(node: Any, cache: Any) -> tuple[Any, Any, str] | None:
     return cl, key, module_hash
 
 
-def _compile(cl: Any, cache: Any) -> Any:
-    """Run the compiler for linker ``cl`` into a fresh folder of the cache; returns the module."""
+def _compile(cl: Any, cache: Any, flags: list[str]) -> Any:
+    """Run the compiler for linker ``cl``, with ``flags`` added to its own, into a fresh folder
+    of the cache; returns the module."""
     from pytensor.link.c.cmodule import dlimport_workdir
 
     mod = cl.get_dynamic_module()
@@ -94,7 +95,7 @@ def _compile(cl: Any, cache: Any) -> Any:
         include_dirs=cl.header_dirs(),
         lib_dirs=cl.lib_dirs(),
         libs=cl.libraries(),
-        preargs=cl.compile_args(),
+        preargs=[*cl.compile_args(), *flags],
     )
 
 
@@ -112,7 +113,8 @@ def _jobs(fgraph: Any, cache: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def _compile_all(jobs: dict[str, tuple[Any, Any]], cache: Any, workers: int) -> dict[str, Any]:
-    """Compile every job, ``workers`` at a time; ``{module_hash: module}`` of those that built."""
+    """Compile every job, ``workers`` at a time, with the headers precompiled
+    (:mod:`~theanompi.models.ops._headers`); ``{module_hash: module}`` of those that built."""
     from pytensor.link.c import cmodule
 
     original = cmodule.dlimport
@@ -121,10 +123,13 @@ def _compile_all(jobs: dict[str, tuple[Any, Any]], cache: Any, workers: int) -> 
         with _IMPORT_LOCK:
             return original(*args, **kwargs)
 
+    flags = _headers.compile_flags(
+        Path(cache.dirname), [cl.compile_args() for cl, _ in jobs.values()]
+    )
     cmodule.dlimport = locked_dlimport
     try:
         with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            futures = {h: pool.submit(_compile, cl, cache) for h, (cl, _) in jobs.items()}
+            futures = {h: pool.submit(_compile, cl, cache, flags) for h, (cl, _) in jobs.items()}
             modules = {}
             for h, fut in futures.items():
                 try:
