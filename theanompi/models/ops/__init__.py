@@ -12,6 +12,10 @@ from theanompi.pytensor_env import configure
 
 configure()  # before PyTensor's first import: float32, the per-rank cache and the BLAS flags
 
+from theanompi.models.ops import _headers  # noqa: E402
+
+_headers.install()  # every module compiled from here on reads the common headers precompiled
+
 from theanompi.models.ops.concat import ChannelConcat, concat_channels  # noqa: E402
 from theanompi.models.ops.conv import (  # noqa: E402
     CHUNK,

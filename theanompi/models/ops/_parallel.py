@@ -81,9 +81,8 @@ def _job(node: Any, cache: Any) -> tuple[Any, Any, str] | None:
     return cl, key, module_hash
 
 
-def _compile(cl: Any, cache: Any, flags: list[str]) -> Any:
-    """Run the compiler for linker ``cl``, with ``flags`` added to its own, into a fresh folder
-    of the cache; returns the module."""
+def _compile(cl: Any, cache: Any) -> Any:
+    """Run the compiler for linker ``cl`` into a fresh folder of the cache; returns the module."""
     from pytensor.link.c.cmodule import dlimport_workdir
 
     mod = cl.get_dynamic_module()
@@ -95,7 +94,7 @@ def _compile(cl: Any, cache: Any, flags: list[str]) -> Any:
         include_dirs=cl.header_dirs(),
         lib_dirs=cl.lib_dirs(),
         libs=cl.libraries(),
-        preargs=[*cl.compile_args(), *flags],
+        preargs=cl.compile_args(),
     )
 
 
@@ -123,13 +122,11 @@ def _compile_all(jobs: dict[str, tuple[Any, Any]], cache: Any, workers: int) -> 
         with _IMPORT_LOCK:
             return original(*args, **kwargs)
 
-    flags = _headers.compile_flags(
-        Path(cache.dirname), [cl.compile_args() for cl, _ in jobs.values()]
-    )
+    _headers.prepare(Path(cache.dirname), [cl.compile_args() for cl, _ in jobs.values()])
     cmodule.dlimport = locked_dlimport
     try:
         with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            futures = {h: pool.submit(_compile, cl, cache, flags) for h, (cl, _) in jobs.items()}
+            futures = {h: pool.submit(_compile, cl, cache) for h, (cl, _) in jobs.items()}
             modules = {}
             for h, fut in futures.items():
                 try:
