@@ -36,6 +36,11 @@ HEADERS = """#include <Python.h>
 #include <algorithm>
 """
 
+#: module flags that do not go into a precompiled header: macros, the linker's
+_LEFT_OUT = ("-D", "-l", "-L", "-Wl,")
+#: headers whose build failed in this process: not tried again for every module
+_FAILED: set[Path] = set()
+
 
 def install() -> None:
     """Compile every module of this process with the headers precompiled (:func:`prepare`):
@@ -83,12 +88,6 @@ def prepare(compile_dir: Path, compile_args: list[list[str]]) -> list[str]:
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
             list(pool.map(lambda item: _build(header, *item), todo.items()))
     return ["-g0", "-include", str(header)]
-
-
-#: module flags that do not go into a precompiled header: macros, the linker's
-_LEFT_OUT = ("-D", "-l", "-L", "-Wl,")
-#: headers whose build failed in this process: not tried again for every module
-_FAILED: set[Path] = set()
 
 
 def _writer() -> str:
