@@ -70,7 +70,9 @@ def prepare(compile_dir: Path, compile_args: list[list[str]]) -> list[str]:
     and precompiled for each set of module flags in ``compile_args`` (with and without
     OpenMP, typically) that lacks its own. :mod:`~theanompi.models.ops._parallel` calls it
     for all the modules it is about to compile, with the node's compile turn held, so that
-    its compiler threads find them built."""
+    its compiler threads find them built. None for a compiler other than g++."""
+    if not _is_gcc():
+        return []
     header = compile_dir / HEADERS_FILE
     try:
         if not header.is_file() or header.read_text() != HEADERS:
@@ -88,6 +90,13 @@ def prepare(compile_dir: Path, compile_args: list[list[str]]) -> list[str]:
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
             list(pool.map(lambda item: _build(header, *item), todo.items()))
     return ["-g0", "-include", str(header)]
+
+
+def _is_gcc() -> bool:
+    """Whether PyTensor's compiler is g++ (clang reads ``.pch`` files, not a ``.gch`` folder)."""
+    from pytensor.configdefaults import config
+
+    return "g++" in Path(str(config.cxx)).name
 
 
 def _writer() -> str:
