@@ -20,7 +20,7 @@ GRAPH = textwrap.dedent(
     from theanompi.pytensor_env import configure
     configure()
     import numpy as np, pytensor, pytensor.tensor as pt
-    from theanompi.models.ops import _parallel, compile_mode
+    from theanompi.models.ops import compile_mode
     dtype = sys.argv[1]  # another dtype: other modules to compile
     x, z = pt.matrix("x", dtype=dtype), pt.tensor3("z", dtype=dtype)
     outs = [pt.exp(x) * 2 + 1, (z * 3).sum(axis=1), pt.tanh(x).T @ x]  # 3 kinds of module
@@ -36,8 +36,8 @@ GRAPH = textwrap.dedent(
 
 
 def _cold_build(tmp_path: Path, cache: Path, dtype: str) -> list[str]:
-    """Build ``GRAPH`` in ``dtype`` with ``cache`` as the compile cache, g++ run through a wrapper that
-    adds ``-H`` and keeps the lines naming a precompiled header; those lines."""
+    """Build ``GRAPH`` in ``dtype`` with ``cache`` as the compile cache, g++ run through a
+    wrapper that adds ``-H`` and keeps the lines naming a precompiled header; those lines."""
     log = tmp_path / "gch.log"
     log.unlink(missing_ok=True)
     wrapper = tmp_path / "bin" / "g++"  # PyTensor wants a compiler named g++
@@ -67,7 +67,7 @@ def test_modules_read_the_headers_precompiled_and_carry_no_debug_information(
     built = sorted(folder.iterdir())
     assert len(built) == 2, built  # with and without OpenMP
     used = [ln for ln in lines if ln.startswith("! ")]
-    modules = [p for p in folder.parent.glob("tmp*/*.so")]
+    modules = list(folder.parent.glob("tmp*/*.so"))
     assert len(modules) >= 3 and len(used) == len(modules), (lines, modules)  # every one
     assert {Path(ln[2:].strip()) for ln in used} == set(built), lines  # each kind used
     assert not any(b".debug_info" in p.read_bytes() for p in modules)

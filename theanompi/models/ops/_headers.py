@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from theanompi.io.atomic import atomic_write
+
 __all__ = ["HEADERS_FILE", "install", "prepare"]
 
 #: in the compile dir: the includes of PyTensor's ``mod.cpp``, in its order
@@ -70,15 +72,14 @@ def prepare(compile_dir: Path, compile_args: list[list[str]]) -> list[str]:
     and precompiled for each set of module flags in ``compile_args`` (with and without
     OpenMP, typically) that lacks its own. :mod:`~theanompi.models.ops._parallel` calls it
     for all the modules it is about to compile, with the node's compile turn held, so that
-    its compiler threads find them built. None for a compiler other than g++."""
+    its compiler threads find them built. No flags for a compiler other than g++."""
     if not _is_gcc():
         return []
     header = compile_dir / HEADERS_FILE
     try:
         if not header.is_file() or header.read_text() != HEADERS:
-            tmp = header.with_name(f".{HEADERS_FILE}.{_writer()}.tmp")
-            tmp.write_text(HEADERS)
-            os.replace(tmp, header)
+            with atomic_write(header) as tmp:
+                tmp.write_text(HEADERS)
     except OSError:
         return ["-g0"]  # a read-only compile dir without the header
     todo = {}
@@ -97,11 +98,6 @@ def _is_gcc() -> bool:
     from pytensor.configdefaults import config
 
     return "g++" in Path(str(config.cxx)).name
-
-
-def _writer() -> str:
-    """This process and thread, for a temporary file's name."""
-    return f"{os.getpid()}-{threading.get_ident()}"
 
 
 def _precompiled(header: Path, compile_args: list[str]) -> tuple[Path, list[str]]:
@@ -128,7 +124,8 @@ def _build(header: Path, target: Path, flags: list[str]) -> bool:
     """Precompile ``header`` with ``flags`` into ``target``, whole or not at all."""
     from pytensor.configdefaults import config
 
-    tmp = header.with_name(f".{target.name}.{_writer()}.tmp")
+    # outside the folder (g++ would try a half-written file there); per process and thread
+    tmp = header.with_name(f".{target.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     cmd = [config.cxx, *flags, "-x", "c++-header", "-o", str(tmp), str(header)]
     try:
         if subprocess.run(cmd, capture_output=True).returncode != 0:
