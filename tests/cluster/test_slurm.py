@@ -4,7 +4,12 @@ in a checkpoint, a requeue and a resumed run to the last epoch: SIGUSR1 to the j
 (``--signal=USR1@T``, ``scancel --signal=USR1``), SIGUSR1 to every process of the job, the
 batch script included (``scancel --full``), and preemption by a job of a higher-priority
 partition (SIGTERM, GraceTime, requeue). Each test takes 20-25 s: a job, its requeue hold
-(``cred_expire``, 5 s) and the resumed job; the reference run is shared."""
+(``cred_expire``, 5 s) and the resumed job; the reference run is shared.
+
+Each interruption lands at a known step: the job is held there (its rank 0 stops itself,
+the others are stopped beside it) until the signal is pending. Sent at a moment read from
+the job's output instead, Slurm's delivery, a scheduling cycle or more under load, once
+landed after the run's last step (no requeue: a failed test)."""
 
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 
 SIM = REPO / "pipelines" / "slurm_sim.sh"
 EPOCHS = 4
+HOLD = 30  # a step of the third epoch (12 steps an epoch on 4 ranks), where a signal lands
+HOLD_FIRST_RUN = f"""[ "${{{{SLURM_RESTART_COUNT:-0}}}}" = 0 ] && export THEANOMPI_FAIL=stop:0:{HOLD}
+"""
 JOB = """#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=2 --requeue
 #SBATCH --output={out}/%j.out --open-mode=append
@@ -76,8 +84,9 @@ def _run(env: dict[str, str], *argv: str) -> str:
     return out.stdout
 
 
-def _submit(env: dict[str, str], script: Path, run: Path) -> str:
-    job_env = env | {"RUN": str(run)}
+def _submit(env: dict[str, str], script: Path, run: Path, fail: str = "") -> str:
+    """The job's id; its script sees ``$RUN`` and, when given, ``$THEANOMPI_FAIL``."""
+    job_env = env | {"RUN": str(run)} | ({"THEANOMPI_FAIL": fail} if fail else {})
     return _run(job_env, "sbatch", "--parsable", str(script)).strip()
 
 
@@ -111,9 +120,7 @@ def reference(
 ) -> dict[str, np.ndarray]:
     """The final parameters of the plain script's run left alone."""
     where = tmp_path_factory.mktemp("reference")
-    script = where / "job.sh"
-    script.write_text(JOB.format(out=where, repo=REPO, data=digits_data, epochs=EPOCHS))
-    job = _submit(slurm, script, where / "run")
+    job = _submit(slurm, _script(where, digits_data, EPOCHS, JOB), where / "run")
     done = _wait_done(slurm, job, where / f"{job}.out")
     log = _text(where / f"{job}.out")
     assert done["JobState"] == "COMPLETED", log
@@ -121,19 +128,18 @@ def reference(
     return _params(where / "run" / f"checkpoints/epoch_{EPOCHS:04d}.npz")
 
 
-def _started(
-    env: dict[str, str],
-    data: Path,
-    where: Path,
-    epochs: int,
-    job_text: str = JOB,
-    until: str = "epoch 2/{epochs} done",
-) -> tuple[str, Path]:
-    """The script ``job_text`` (default: the plain one) submitted, once its output holds
-    ``until`` (default: its second epoch is done): (job, its output file)."""
+def _script(where: Path, data: Path, epochs: int, job_text: str) -> Path:
     script = where / "job.sh"
     script.write_text(job_text.format(out=where, repo=REPO, data=data, epochs=epochs))
-    job = _submit(env, script, where / "run")
+    return script
+
+
+def _started(
+    env: dict[str, str], data: Path, where: Path, epochs: int, job_text: str, until: str
+) -> tuple[str, Path]:
+    """The script ``job_text`` submitted, once its output holds ``until``: (job, its output
+    file)."""
+    job = _submit(env, _script(where, data, epochs, job_text), where / "run")
     log = where / f"{job}.out"
     end = time.monotonic() + 300
     while until.format(epochs=epochs) not in _text(log) and time.monotonic() < end:
@@ -141,11 +147,78 @@ def _started(
     return job, log
 
 
+def _ranks(run: Path) -> list[int]:
+    """The pids of the ranks (on both nodes: one pid namespace) of the job training ``run``."""
+    want = f"RUN={run}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if want in env and any(v.startswith(b"OMPI_COMM_WORLD_RANK=") for v in env):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _state(pid: int) -> str:
+    """``pid``'s state letter (``T``: stopped), ``X`` once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+def _pending(pid: int, signums: tuple[int, ...]) -> bool:
+    """Whether one of ``signums`` waits for stopped ``pid``."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in lines if line.startswith(("SigPnd", "ShdPnd"))]
+    return any(mask >> (signum - 1) & 1 for mask in masks for signum in signums)
+
+
+def _held(env: dict[str, str], data: Path, where: Path) -> tuple[str, Path, list[int]]:
+    """The plain script submitted with launch rank 0 stopping itself before step ``HOLD`` of
+    its first run (``THEANOMPI_FAIL=stop``), in its third epoch, and the other ranks, waiting
+    on it in that step's exchange, stopped too: (job, its output file, the ranks' pids).
+    Slurm's signal, whose delivery under load can take longer than the rest of the run, then
+    lands at that step."""
+    held = JOB.replace("cd {repo}\n", "cd {repo}\n" + HOLD_FIRST_RUN)
+    job = _submit(env, _script(where, data, EPOCHS, held), where / "run")
+    log = where / f"{job}.out"
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        pids = _ranks(where / "run")
+        if len(pids) == 4 and "T" in map(_state, pids):
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            return job, log, pids
+        time.sleep(0.2)
+    pytest.fail(f"job {job}: no rank stopped at step {HOLD} in 300 s\n{_text(log)}")
+
+
+def _released(pids: list[int]) -> None:
+    """SIGCONT to the held ranks once one has a stop request pending (SIGUSR1 from Slurm or
+    mpirun, SIGTERM), or runs again (Slurm may send SIGCONT first): a signal reaches only
+    the ranks of Slurm's steps (nodeB's; nodeA's are mpirun's), and one rank's request stops
+    them all at one step."""
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if any(
+            _pending(pid, (signal.SIGUSR1, signal.SIGTERM)) or _state(pid) != "T" for pid in pids
+        ):
+            break
+        time.sleep(0.02)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
 def _resumed_to_the_end(env: dict[str, str], job: str, log: Path, epochs: int) -> str:
     """The job's output, once it is COMPLETED after a requeue: it resumed from a checkpoint
-    written after its second epoch (mid-epoch or at an epoch's end: when Slurm's signal lands
-    is Slurm's, a scheduling cycle later under load), trained to the last epoch, and no
-    mpirun box."""
+    written after its second epoch, trained to the last epoch, and no mpirun box."""
     done = _wait_done(env, job, log)
     text = _text(log)
     assert done["JobState"] == "COMPLETED" and int(done["Restarts"]) >= 1, text
@@ -170,8 +243,9 @@ def _same(reference: dict[str, np.ndarray], run: Path) -> None:
 def test_usr1_to_the_steps_checkpoints_requeues_and_resumes_to_the_same_parameters(
     slurm: dict[str, str], reference: dict[str, np.ndarray], digits_data: Path, tmp_path: Path
 ) -> None:
-    job, log = _started(slurm, digits_data, tmp_path, EPOCHS)
+    job, log, ranks = _held(slurm, digits_data, tmp_path)
     _run(slurm, "scancel", "--signal=USR1", job)  # what --signal=USR1@T sends
+    _released(ranks)
     text = _resumed_to_the_end(slurm, job, log, EPOCHS)
     assert re.search(r"resumed from \S+/epoch_0002_step_\d+\.npz", text), text  # the signal's
     _same(reference, tmp_path / "run")
@@ -184,8 +258,9 @@ def test_usr1_to_every_process_of_the_job_requeues_and_resumes_to_the_last_epoch
     under the ranks: the launcher, which outlives the script here (proctrack/linuxproc; under
     proctrack/cgroup Slurm kills it too, see docs/cluster.md), requeues the job once the ranks
     have stopped (mpirun's daemons live on until Slurm's SIGKILL, KillWait later)."""
-    job, log = _started(slurm, digits_data, tmp_path, EPOCHS)
+    job, log, ranks = _held(slurm, digits_data, tmp_path)
     _run(slurm, "scancel", "--signal=USR1", "--full", job)
+    _released(ranks)
     _resumed_to_the_end(slurm, job, log, EPOCHS)
 
 
@@ -196,14 +271,14 @@ def test_preemption_by_a_higher_priority_partition_resumes_to_the_same_parameter
     Slurm sends the training job's steps SIGTERM (GraceTime=30 before SIGKILL); its ranks
     stop at a step boundary with a checkpoint, the job goes back to the queue, the
     preemptor runs, and the job resumes by itself to the same final parameters (BSP)."""
-    job, log = _started(slurm, digits_data, tmp_path, EPOCHS)
+    job, log, ranks = _held(slurm, digits_data, tmp_path)
     urgent = _run(
         slurm, "sbatch", "--parsable", "-p", "urgent", "-N1", "-n1",
         f"--output={tmp_path}/urgent.out", "--wrap", "hostname",
     ).strip()  # fmt: skip
+    _released(ranks)
     text = _resumed_to_the_end(slurm, job, log, EPOCHS)
-    # a step boundary's checkpoint; in which epoch is Slurm's (its preemption's latency)
-    assert re.search(r"resumed from \S+/epoch_\d{4}_step_\d+\.npz", text), text
+    assert re.search(r"resumed from \S+/epoch_0002_step_\d+\.npz", text), text  # held there
     first = _job(slurm, urgent)
     assert first["JobState"] == "COMPLETED", first
     assert first["StartTime"] <= _job(slurm, job)["StartTime"], "the preemptor ran first"

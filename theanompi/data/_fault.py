@@ -5,8 +5,11 @@ prefetch thread, while producing that step's batch): the rank raises. Used by th
 tests to check that one raising rank stops the whole job with one line. ``kill`` (at the
 ``step`` point) makes the rank SIGKILL itself there: a real signal at a known step, where a
 kill from outside, timed by the job's output, can land steps late while mpirun's relay lags.
-Its rank is the process's rank at launch, so that after an elastic shrink (new ranks, the
-step trained again) it kills one process once.
+``stop`` makes the rank SIGSTOP itself there: the job holds still at a known step until
+SIGCONT, so that a signal sent from outside (Slurm's, whose delivery takes a scheduling cycle
+or more) lands at that step, not after the run's end. For ``kill`` and ``stop`` the rank is
+the process's rank at launch, so that after an elastic shrink (new ranks, the step trained
+again) it acts on one process once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 __all__ = ["InjectedFailure", "fault_point"]
 
 ENV = "THEANOMPI_FAIL"
+_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
 class InjectedFailure(RuntimeError):
@@ -25,12 +29,13 @@ class InjectedFailure(RuntimeError):
 
 def fault_point(where: str, rank: int, step: int) -> None:
     """Raise :class:`InjectedFailure` when ``$THEANOMPI_FAIL`` is ``f"{where}:{rank}:{step}"``
-    (SIGKILL this process when it is ``f"kill:{rank}:{step}"`` and ``where`` is ``step``)."""
+    (SIGKILL, or SIGSTOP, this process when it is ``f"kill:{rank}:{step}"``, or ``stop:``,
+    and ``where`` is ``step``)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
     parts = spec.split(":")
-    if parts[0] == "kill":
+    if parts[0] in _SIGNALS:
         from theanompi.comm import rank_from_env
 
         rank = rank_from_env()
@@ -38,5 +43,5 @@ def fault_point(where: str, rank: int, step: int) -> None:
         return
     if parts[0] == where:
         raise InjectedFailure(f"injected failure in {where} at step {step} ({ENV}={spec})")
-    if parts[0] == "kill" and where == "step":
-        os.kill(os.getpid(), signal.SIGKILL)
+    if parts[0] in _SIGNALS and where == "step":
+        os.kill(os.getpid(), _SIGNALS[parts[0]])

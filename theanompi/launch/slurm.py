@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -119,6 +120,18 @@ def _script_died_of_stop(fields: Mapping[str, str]) -> bool:
     return died and fields.get("Requeue") == "1" and fields.get("BatchFlag") == "1"
 
 
+def _settled(job: str, timeout: float = 60.0) -> dict[str, str]:
+    """The job's fields once it is no longer COMPLETING: the ranks can see a host lost to
+    the job's end (its steps killed) before Slurm has finished it, and a COMPLETING job can
+    be neither judged nor requeued."""
+    end = time.monotonic() + timeout
+    fields = job_fields(job)
+    while fields.get("JobState") == "COMPLETING" and time.monotonic() < end:
+        time.sleep(0.5)
+        fields = job_fields(job)
+    return fields
+
+
 def requeue_after_stop(code: int, env: Mapping[str, str] | None = None) -> int:
     """Once every rank has exited with ``code``, inside a Slurm job: requeue it when ``code``
     is :data:`EXIT_REQUEUED`, or when the batch script died of the stop signal (the job ended
@@ -129,7 +142,7 @@ def requeue_after_stop(code: int, env: Mapping[str, str] | None = None) -> int:
     if job is None or code == 0:
         return code
     if code != EXIT_REQUEUED:
-        if not _script_died_of_stop(job_fields(job)):
+        if not _script_died_of_stop(_settled(job)):
             return code
         print(
             f"tmpi: the batch script of Slurm job {job} died of SIGUSR1 (untrapped; scancel "
