@@ -122,8 +122,8 @@ def _script_died_of_stop(fields: Mapping[str, str]) -> bool:
 
 def _settled(job: str, timeout: float = 60.0) -> dict[str, str]:
     """The job's fields once it is no longer COMPLETING: the ranks can see a host lost to
-    the job's end (its steps killed) before Slurm has finished it, and a COMPLETING job can
-    be neither judged nor requeued."""
+    the job's end (its steps killed) before Slurm has finished it, and while it completes
+    its state does not yet say how it ended."""
     end = time.monotonic() + timeout
     fields = job_fields(job)
     while fields.get("JobState") == "COMPLETING" and time.monotonic() < end:
