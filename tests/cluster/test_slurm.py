@@ -34,14 +34,17 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.serial]
 SIM = REPO / "pipelines" / "slurm_sim.sh"
 EPOCHS = 4
 HOLD = 30  # a step of the third epoch (12 steps an epoch on 4 ranks), where a signal lands
-HOLD_FIRST_RUN = f"""[ "${{{{SLURM_RESTART_COUNT:-0}}}}" = 0 ] && export THEANOMPI_FAIL=stop:0:{HOLD}
-"""
 JOB = """#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=2 --requeue
 #SBATCH --output={out}/%j.out --open-mode=append
 cd {repo}
 tmpi train -n 4 --model digits --data {data} --epochs {epochs} --run-dir "$RUN"
 """
+# the plain script whose first run (not the requeued one) holds before step {hold}
+HELD_JOB = JOB.replace(
+    "cd {repo}\n",
+    'cd {repo}\n[ "${{SLURM_RESTART_COUNT:-0}}" = 0 ] && export THEANOMPI_FAIL=stop:0:{hold}\n',
+)
 
 
 def _env_from(exports: str) -> dict[str, str]:
@@ -84,9 +87,8 @@ def _run(env: dict[str, str], *argv: str) -> str:
     return out.stdout
 
 
-def _submit(env: dict[str, str], script: Path, run: Path, fail: str = "") -> str:
-    """The job's id; its script sees ``$RUN`` and, when given, ``$THEANOMPI_FAIL``."""
-    job_env = env | {"RUN": str(run)} | ({"THEANOMPI_FAIL": fail} if fail else {})
+def _submit(env: dict[str, str], script: Path, run: Path) -> str:
+    job_env = env | {"RUN": str(run)}
     return _run(job_env, "sbatch", "--parsable", str(script)).strip()
 
 
@@ -130,7 +132,7 @@ def reference(
 
 def _script(where: Path, data: Path, epochs: int, job_text: str) -> Path:
     script = where / "job.sh"
-    script.write_text(job_text.format(out=where, repo=REPO, data=data, epochs=epochs))
+    script.write_text(job_text.format(out=where, repo=REPO, data=data, epochs=epochs, hold=HOLD))
     return script
 
 
@@ -185,8 +187,7 @@ def _held(env: dict[str, str], data: Path, where: Path) -> tuple[str, Path, list
     on it in that step's exchange, stopped too: (job, its output file, the ranks' pids).
     Slurm's signal, whose delivery under load can take longer than the rest of the run, then
     lands at that step."""
-    held = JOB.replace("cd {repo}\n", "cd {repo}\n" + HOLD_FIRST_RUN)
-    job = _submit(env, _script(where, data, EPOCHS, held), where / "run")
+    job = _submit(env, _script(where, data, EPOCHS, HELD_JOB), where / "run")
     log = where / f"{job}.out"
     end = time.monotonic() + 300
     while time.monotonic() < end:
