@@ -1,9 +1,17 @@
 """The machine line every compute benchmark prints beside its ratios (issue 41): the CPU, the
-instruction sets that pick the kernels, and the kernel family OpenBLAS chose for it."""
+instruction sets that pick the kernels, and the kernel family OpenBLAS chose for it, or that
+``OPENBLAS_CORETYPE`` set, beside OpenBLAS's own pick."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from theanompi.bench._machine import ISA_FLAGS, describe, machine_line
 
@@ -49,4 +57,48 @@ def test_this_machine_after_a_gemm_names_openblas_and_its_kernel() -> None:
             for f in ln.split()
         }
     assert m["isa"] == [f for f in ISA_FLAGS if f in flags]
-    assert f"({m['blas_kernel']} kernel, {m['blas_threads']} threads)" in machine_line(m)
+    line = machine_line(m)
+    assert f"({m['blas_kernel']} kernel" in line and f" {m['blas_threads']} threads)" in line
+
+
+#: a fresh process: a GEMM through PyTensor, then :func:`describe` as JSON
+_DESCRIBE = """import json
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from theanompi.pytensor_env import configure
+configure()
+from theanompi.bench._machine import describe
+x = pt.matrix("x", dtype="float32")
+pytensor.function([x], x.dot(x))(np.ones((8, 8), np.float32))
+print(json.dumps(describe()))
+"""
+
+
+def _describe_in(env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", _DESCRIBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def _has_avx2() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and " avx2" in cpuinfo.read_text()
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="OpenBLAS's Haswell kernel needs AVX2")
+def test_a_kernel_set_by_openblas_coretype_is_said_beside_openblas_own_pick() -> None:
+    """One process with ``OPENBLAS_CORETYPE=Haswell``, one without: the first runs Haswell and
+    names, as OpenBLAS's own pick, the kernel the second ran (on an AVX-512 CPU, SkylakeX)."""
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    own = _describe_in(base)
+    assert own["blas_coretype_env"] is None and own["blas_own_kernel"] == own["blas_kernel"]
+    assert "OPENBLAS_CORETYPE" not in machine_line(own)
+    forced = _describe_in(base | {"OPENBLAS_CORETYPE": "Haswell"})
+    assert forced["blas_kernel"] == "Haswell" and forced["blas_coretype_env"] == "Haswell"
+    assert forced["blas_own_kernel"] == own["blas_kernel"]
+    line = machine_line(forced)
+    assert "(Haswell kernel set by OPENBLAS_CORETYPE" in line
+    assert (f", {own['blas_kernel']} without it, " in line) == (own["blas_kernel"] != "Haswell")

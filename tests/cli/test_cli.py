@@ -84,11 +84,16 @@ def test_train_help_lists_the_registries(cli) -> None:
 
 
 def test_info_prints_mpi_pytensor_blas(cli) -> None:
-    out = cli("info")
+    """... and says so where ``OPENBLAS_CORETYPE``, not OpenBLAS, chose the kernel."""
+    out = cli("info", env={"OPENBLAS_CORETYPE": ""})  # empty: OpenBLAS picks
     assert out.returncode == 0, out.stderr
     assert "Open MPI" in out.stdout and "pytensor" in out.stdout
     assert "libscipy_openblas" in out.stdout, "PyTensor must link a real BLAS"
     assert "blas" not in out.stderr.lower(), f"BLAS warning: {out.stderr}"
+    assert "OPENBLAS_CORETYPE" not in out.stdout
+    forced = cli("info", env={"OPENBLAS_CORETYPE": "Haswell"})
+    kernel = [ln for ln in forced.stdout.splitlines() if ln.startswith("blas kernel")]
+    assert kernel and kernel[0].endswith("; set by OPENBLAS_CORETYPE)"), forced.stdout
 
 
 def one_line_error(out) -> str:

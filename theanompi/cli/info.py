@@ -42,7 +42,7 @@ def info() -> None:
     rows += [
         ("blas library", blas["library"]),
         ("blas threads", blas["threads"]),
-        ("blas kernel", f"{blas['kernel']} (openblas {blas['version']})"),
+        ("blas kernel", f"{blas['kernel']} (openblas {blas['version']}{_set_by_env()})"),
         ("blas ldflags", blas["ldflags"] or "(none)"),
     ]
     rows += [("thread pool", _pool(pool)) for pool in thread_pools()] or [("thread pool", "none")]
@@ -51,6 +51,12 @@ def info() -> None:
         width = max(len(k) for k, _ in rows)
         for key, value in rows:
             typer.echo(f"{key:<{width}}  {value}")
+
+
+def _set_by_env() -> str:
+    """``; set by OPENBLAS_CORETYPE`` where that variable, not OpenBLAS, chose the kernel (one
+    slower than the CPU's own, maybe: ``tmpi bench model`` names both)."""
+    return "; set by OPENBLAS_CORETYPE" if os.environ.get("OPENBLAS_CORETYPE") else ""
 
 
 def _pool(pool: dict[str, object]) -> str:
