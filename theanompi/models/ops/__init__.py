@@ -27,6 +27,7 @@ from theanompi.models.ops.conv import (  # noqa: E402
 )
 from theanompi.models.ops.lrn import LRNGrad, LRNOp, lrn  # noqa: E402
 from theanompi.models.ops.pool import Pool2d, Pool2dGrad, pool2d, pool_output_size  # noqa: E402
+from theanompi.models.ops.recompute import recompute_batch_norm  # noqa: E402
 from theanompi.models.ops.rewrites import (  # noqa: E402
     fuse_conv_relu,
     inline_softmax,
@@ -55,6 +56,7 @@ __all__ = [
     "fuse_conv_relu",
     "inline_softmax",
     "mask_before_unpool",
+    "recompute_batch_norm",
 ]
 
 

@@ -42,18 +42,35 @@ __all__ = [
     "BatchNormTrain",
     "BatchNormTrainGrad",
     "BatchNormInfer",
+    "BatchNormRecompute",
     "batch_norm_train",
     "batch_norm_infer",
 ]
 
 # Bump when BN_SUPPORT or the glue below changes (PyTensor keys its compile cache on it).
-_BN_VERSION = 1
+_BN_VERSION = 2
 
 BN_SUPPORT = r"""
 namespace tmpi {
 
 /* x is viewed as (B, C, P): P = the product of the axes after the channel axis (1 for 2-d) */
 template <typename T> static inline T bn_rect(T v) { return v * (T)(v > (T)0); }  /* as ReLU */
+
+/* channel c of y = (x - mt) * sc + bt, rectified with RELU: the one place both the training
+   pass and its recompute (bn_apply) compute it */
+template <typename T, bool RELU>
+static inline void bn_normalise(npy_intp B, npy_intp C, npy_intp P, npy_intp c, const T* x,
+                                const T mt, const T sc, const T bt, T* y) {
+    for (npy_intp b = 0; b < B; ++b) {
+        const T* r = x + (b * C + c) * P;
+        T* o = y + (b * C + c) * P;
+        #pragma omp simd
+        for (npy_intp p = 0; p < P; ++p) {
+            const T v = (r[p] - mt) * sc + bt;
+            o[p] = RELU ? bn_rect(v) : v;
+        }
+    }
+}
 
 template <typename T, bool RELU>
 static void bn_train_forward(npy_intp B, npy_intp C, npy_intp P, double eps, double mom,
@@ -80,17 +97,18 @@ static void bn_train_forward(npy_intp B, npy_intp C, npy_intp P, double eps, dou
         invstd[c] = (T)is;
         new_mean[c] = (T)((1 - mom) * (double)rmean[c] + mom * mu);
         new_var[c] = (T)((1 - mom) * (double)rvar[c] + mom * var);
-        const T mt = (T)mu, sc = gamma[c] * (T)is, bt = beta[c];
-        for (npy_intp b = 0; b < B; ++b) {
-            const T* r = x + (b * C + c) * P;
-            T* o = y + (b * C + c) * P;
-            #pragma omp simd
-            for (npy_intp p = 0; p < P; ++p) {
-                const T v = (r[p] - mt) * sc + bt;
-                o[p] = RELU ? bn_rect(v) : v;
-            }
-        }
+        bn_normalise<T, RELU>(B, C, P, c, x, (T)mu, gamma[c] * (T)is, beta[c], y);
     }
+}
+
+/* y again from the statistics bn_train_forward returned (mean, invstd): the same expression
+   on the same values, so the same bits */
+template <typename T, bool RELU>
+static void bn_apply(npy_intp B, npy_intp C, npy_intp P, const T* x, const T* gamma,
+                     const T* beta, const T* mean, const T* invstd, T* y) {
+    #pragma omp parallel for schedule(static)
+    for (npy_intp c = 0; c < C; ++c)
+        bn_normalise<T, RELU>(B, C, P, c, x, mean[c], gamma[c] * invstd[c], beta[c], y);
 }
 
 /* dx, dgamma, dbeta from x, gamma, mean, invstd and gy (dy), or with RELU z and gy (dz):
@@ -184,13 +202,14 @@ class _BNOp(KernelOp):
     ) -> str:
         """Contiguous inputs (those of ``x``'s rank: ``x``'s shape; 1-d: ``C`` long), outputs
         shaped like ``x`` or ``(C,)``, one ``tmpi::kernel<T, relu>(B, C, P, scalars, inputs,
-        nulls x NULL, outputs)``."""
+        nulls x NULL, outputs)``; ``inp`` may be the node's first inputs only."""
+        given = node.inputs[: len(inp)]
         dtype = node.inputs[0].dtype
-        if dtype not in C_TYPES or any(v.dtype != dtype for v in (*node.inputs, *node.outputs)):
+        if dtype not in C_TYPES or any(v.dtype != dtype for v in (*given, *node.outputs)):
             raise NotImplementedError("batch norm C code: float32 or float64, one dtype")
         ctype, typenum = self.c_types(dtype)
         nd, who, fail = node.inputs[0].ndim, type(self).__name__, sub["fail"]
-        ranks = [v.ndim for v in node.inputs]
+        ranks = [v.ndim for v in given]
         grab = "\n".join(
             f'PyArrayObject* a{i} = tmpi::contiguous({v}, {typenum}, {r}, "{who} input {i}");'
             for i, (v, r) in enumerate(zip(inp, ranks, strict=True))
@@ -310,6 +329,41 @@ class BatchNormTrain(_BNOp):
         grad = BatchNormTrainGrad(relu=bool(self.relu))
         dx, dgamma, dbeta = grad(x, gamma, outputs[3], outputs[4], gy, *extra)
         return [dx, dgamma, dbeta, DisconnectedType()(), DisconnectedType()()]
+
+
+class BatchNormRecompute(_BNOp):
+    """``x, gamma, beta, mean, invstd, *after -> y``: a :class:`BatchNormTrain`'s ``y`` again,
+    bit for bit, from the ``mean`` and ``invstd`` it returned; ``after`` are read by no one,
+    they only make the node wait for them (see :mod:`theanompi.models.ops.recompute`)."""
+
+    __props__ = ("relu",)
+    params_type = int_params("relu")
+
+    def __init__(self, relu: bool = False) -> None:
+        self.relu = int(bool(relu))
+
+    def make_node(
+        self, x: Any, gamma: Any, beta: Any, mean: Any, invstd: Any, *after: Any
+    ) -> Apply:
+        ins = [pt.as_tensor_variable(v) for v in (x, gamma, beta, mean, invstd, *after)]
+        return Apply(self, ins, [ins[0].type()])
+
+    def perform(self, node: Any, inputs: Any, outputs: Any) -> None:
+        x, gamma, beta, mean, invstd = inputs[:5]
+        nd = x.ndim
+        y = x - _bc(mean, nd)  # BatchNormTrain.perform's steps, on the same values
+        y *= _bc(gamma * invstd, nd)
+        y += _bc(beta, nd)
+        outputs[0][0] = np.asarray(_rectify(y) if self.relu else y, dtype=x.dtype)
+
+    def c_code(self, node: Any, name: str, inp: Any, out: Any, sub: Any) -> str:
+        return self._c_glue(node, inp[:5], out, sub, "bn_apply", "")
+
+    def infer_shape(self, fgraph: Any, node: Any, shapes: Any) -> list[tuple[Any, ...]]:
+        return [shapes[0]]
+
+    def pullback(self, inputs: Any, outputs: Any, cotangents: Any) -> list[Any]:
+        return [grad_not_implemented(self, i, v) for i, v in enumerate(inputs)]
 
 
 class BatchNormInfer(_BNOp):
