@@ -91,6 +91,7 @@ def test_info_prints_mpi_pytensor_blas(cli) -> None:
     assert "libscipy_openblas" in out.stdout, "PyTensor must link a real BLAS"
     assert "blas" not in out.stderr.lower(), f"BLAS warning: {out.stderr}"
     assert "OPENBLAS_CORETYPE" not in out.stdout
+    assert "\x00" not in out.stdout, "Open MPI's version string ends in a NUL byte"
     forced = cli("info", env={"OPENBLAS_CORETYPE": "Haswell"})
     kernel = [ln for ln in forced.stdout.splitlines() if ln.startswith("blas kernel")]
     assert kernel and kernel[0].endswith("; set by OPENBLAS_CORETYPE)"), forced.stdout

@@ -29,7 +29,7 @@ def info() -> None:
     rows = [
         ("theanompi", __version__),
         ("python", sys.version.split()[0]),
-        ("mpi", MPI.Get_library_version().splitlines()[0].strip()),
+        ("mpi", MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()),  # NUL-ended
         ("mpi4py", mpi4py.__version__),
         ("mpi ranks", str(MPI.COMM_WORLD.Get_size())),
         ("numpy", numpy.__version__),
