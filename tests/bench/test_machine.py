@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from theanompi.bench._machine import ISA_FLAGS, describe, machine_line
+from theanompi.bench._machine import ISA_FLAGS, _cpuinfo, describe, machine_line
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -83,12 +83,7 @@ def _describe_in(env: dict[str, str]) -> dict[str, Any]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def _has_avx2() -> bool:
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and " avx2" in cpuinfo.read_text()
-
-
-@pytest.mark.skipif(not _has_avx2(), reason="OpenBLAS's Haswell kernel needs AVX2")
+@pytest.mark.skipif("avx2" not in _cpuinfo()[1], reason="OpenBLAS's Haswell kernel needs AVX2")
 def test_a_kernel_set_by_openblas_coretype_is_said_beside_openblas_own_pick() -> None:
     """One process with ``OPENBLAS_CORETYPE=Haswell``, one without: the first runs Haswell and
     names, as OpenBLAS's own pick, the kernel the second ran (on an AVX-512 CPU, SkylakeX)."""

@@ -13,6 +13,7 @@ from pytensor.compile.mode import Mode
 
 from theanompi.models.ops import c_mode
 from theanompi.models.ops.batchnorm import BatchNormRecompute, BatchNormTrain
+from theanompi.models.overlap import demand_order
 from theanompi.models.params import get_values
 
 C = Mode(linker="cvm", optimizer="fast_compile")
@@ -46,21 +47,10 @@ def cvm_order(fgraph) -> list:
     """The nodes in the order PyTensor's C VM runs them: each output, then each update, on
     demand (a node's ordering prerequisites, then its inputs, depth first, then the node)."""
     orderings = fgraph.orderings()
-    order, done = [], set()
-    for out in fgraph.outputs:
-        stack = [(out.owner, False)] if out.owner is not None else []
-        while stack:
-            node, ready = stack.pop()
-            if node in done:
-                continue
-            if ready:
-                done.add(node)
-                order.append(node)
-                continue
-            stack.append((node, True))
-            before = [*orderings.get(node, []), *(v.owner for v in node.inputs)]
-            stack += [(n, False) for n in reversed(before) if n is not None and n not in done]
-    return order
+    return demand_order(
+        [out.owner for out in fgraph.outputs if out.owner is not None],
+        lambda node: [*orderings.get(node, []), *(v.owner for v in node.inputs)],
+    )
 
 
 def _tiny_resnet(mode=None):

@@ -10,7 +10,7 @@ order can leave a bucket's Op to the end of the step. The function runs in the P
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from pytensor.compile.mode import Mode, get_default_mode
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-__all__ = ["BucketReady", "bucket_schedule", "overlap_mode"]
+__all__ = ["BucketReady", "bucket_schedule", "demand_order", "overlap_mode"]
 
 
 class BucketReady(Op):
@@ -39,14 +39,15 @@ class BucketReady(Op):
         output_storage[0][0] = np.int8(self.k % 128)
 
 
-def bucket_schedule(fgraph: Any) -> list[Apply]:
-    """A topological order of ``fgraph`` (its destroy orderings respected) in which bucket
-    ``k``'s :class:`BucketReady` runs as early as possible, in bucket order."""
-    orderings = fgraph.orderings()
+def demand_order(
+    roots: Iterable[Apply], before: Callable[[Apply], Iterable[Apply | None]]
+) -> list[Apply]:
+    """Every node that ``roots`` need, in the order a run computing the roots on demand takes:
+    depth first, each node once, after the nodes ``before(node)`` names (in that order; None
+    skipped). Iterative: graphs can be deep."""
     seen: set[Apply] = set()
     order: list[Apply] = []
-
-    def visit(root: Apply) -> None:  # depth first, iterative: graphs can be deep
+    for root in roots:
         stack = [(root, False)]
         while stack:
             node, ready = stack.pop()
@@ -57,16 +58,21 @@ def bucket_schedule(fgraph: Any) -> list[Apply]:
                 order.append(node)
                 continue
             stack.append((node, True))
-            before = [i.owner for i in node.inputs if i.owner is not None]
-            before += list(orderings.get(node, ()))
-            stack.extend((p, False) for p in reversed(before) if p not in seen)
-
-    marks = [n for n in fgraph.apply_nodes if isinstance(n.op, BucketReady)]
-    for node in sorted(marks, key=lambda n: n.op.k):
-        visit(node)
-    for node in fgraph.toposort():
-        visit(node)
+            stack.extend(
+                (p, False) for p in reversed(list(before(node))) if p is not None and p not in seen
+            )
     return order
+
+
+def bucket_schedule(fgraph: Any) -> list[Apply]:
+    """A topological order of ``fgraph`` (its destroy orderings respected) in which bucket
+    ``k``'s :class:`BucketReady` runs as early as possible, in bucket order."""
+    orderings = fgraph.orderings()
+    marks = [n for n in fgraph.apply_nodes if isinstance(n.op, BucketReady)]
+    return demand_order(
+        [*sorted(marks, key=lambda n: n.op.k), *fgraph.toposort()],
+        lambda node: [*(i.owner for i in node.inputs), *orderings.get(node, ())],
+    )
 
 
 def overlap_mode(mode: Mode | None) -> Mode:
