@@ -323,6 +323,15 @@ class Job:
             ]
             if found:
                 return min(found)  # the rank itself, not a helper it forked
+            if self.proc is not None and self.proc.poll() is not None and not self.pids():
+                for t in self._readers:  # the whole output, then say it
+                    t.join(5)
+                if self._start_again():
+                    continue
+                raise AssertionError(
+                    f"rank {rank} never found: the job exited {self.proc.returncode}\n"
+                    f"--- stdout ---\n{self.stdout[-2000:]}\n--- stderr ---\n{self.stderr[-2000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"rank {rank} not found among {self.pids()}")
             time.sleep(0.1)

@@ -170,3 +170,24 @@ def test_max_restarts_gives_up_after_k(data: Path, tmp_path: Path) -> None:
     assert end.returncode == 1, end.stderr[-3000:]
     assert end.stderr.count("tmpi: restart ") == 2
     assert "giving up after 2 restart(s)" in end.stderr
+
+
+def test_a_run_killed_between_a_checkpoint_and_its_record_line_loses_no_line(
+    data: Path, tmp_path: Path
+) -> None:
+    """Rank 0 fails just after epoch 2's checkpoint (step 20: 10 steps an epoch), before the
+    record's line of epoch 2: the restart resumes after epoch 2, and the line comes back from
+    the checkpoint (the elastic test lost it this way once in a suite run)."""
+    run = tmp_path / "run"
+    argv = _train(data, run, "--max-restarts", "1", epochs=4)
+    with Job(argv, env={"THEANOMPI_FAIL": "checkpointed:0:20"}) as job:
+        end = job.wait(timeout=300)
+        _assert_gone(job)
+    assert end.returncode == 0, end.stderr[-3000:]
+    assert "resumed from" in end.stdout and "epoch_0002.npz" in end.stdout, end.stdout
+    rec = read_record(run)
+    epochs = [e for e in rec if e["kind"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    second = epochs[1]
+    assert second["step"] == 20 and second["checkpoint"].endswith("epoch_0002.npz"), second
+    assert {"train_loss", "val_top1_err", "lr", "seconds", "time"} <= second.keys(), second

@@ -27,7 +27,7 @@ from typing import Any
 from theanompi.errors import resource_error
 from theanompi.io.atomic import atomic_write
 
-__all__ = ["RECORD_NAME", "RecordWriter", "append_entry", "read_record", "record_file"]
+__all__ = ["RECORD_NAME", "RecordWriter", "append_entry", "json_safe", "read_record", "record_file"]
 
 RECORD_NAME = "record.jsonl"
 
@@ -59,7 +59,7 @@ def read_record(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _clean(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     """JSON-safe value: numpy scalars to Python, NaN/inf to None."""
     if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
         try:
@@ -69,9 +69,9 @@ def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
 
 
@@ -79,7 +79,7 @@ def append_entry(record_dir: str | Path, kind: str, **fields: Any) -> None:
     """Append one entry to ``<record_dir>/record.jsonl`` while no :class:`RecordWriter` has it
     open (the launcher, between two attempts of a job)."""
     path = Path(record_dir) / RECORD_NAME
-    entry = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
+    entry = {"kind": kind, "time": round(time.time(), 3), **json_safe(fields)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as fh:
@@ -138,7 +138,7 @@ class RecordWriter:
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one entry ``{"kind": kind, "time": <unix s>, **fields}`` and flush; returns
         the entry as written (JSON values: what the loggers are fed), also when disabled."""
-        entry = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
+        entry = {"kind": kind, "time": round(time.time(), 3), **json_safe(fields)}
         if self._fh is None:
             return entry
         try:

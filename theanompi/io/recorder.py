@@ -55,6 +55,7 @@ class Recorder:
         shrunk: bool,
         resumed_step: int,
         start: dict[str, Any],
+        epoch_entry: dict[str, Any] | None = None,
     ) -> Recorder:
         """Collective: the record in ``record_dir`` (written by rank 0) opened with the
         ``start`` entry, and the loggers named (``output.loggers``) writing under ``run_dir``.
@@ -67,10 +68,18 @@ class Recorder:
         record shows done after ``resumed_step``, the checkpoint a resume starts from, i.e.
         the work of a run killed before its next checkpoint (a preemption's grace time too
         short for a step boundary), trained again. A lower bound: the record notes progress
-        every ``print_freq`` steps."""
+        every ``print_freq`` steps.
+
+        ``epoch_entry``: the entry of the epoch that the checkpoint resumed from closed, which
+        the checkpoint carries; written back if the record lacks it (a run killed between
+        the checkpoint and its record line)."""
         enabled = comm.Get_rank() == 0
         kept = start_epoch + 1 if shrunk else (start_epoch if resumed else None)
         record = RecordWriter(record_dir, enabled=enabled, keep_before_epoch=kept)
+        if enabled and resumed and not shrunk and epoch_entry is not None:
+            done = {r.get("epoch") for r in read_record(record.path) if r.get("kind") == "epoch"}
+            if epoch_entry.get("epoch") not in done:
+                record.write("epoch", **epoch_entry)
         lost = max(0, record.last_step - resumed_step)
         record.write("start", lost_steps=lost, **start)
         opened = collective(comm, _open_loggers, loggers, run_dir, record, enabled)

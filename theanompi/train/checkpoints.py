@@ -97,10 +97,13 @@ class Checkpoints:
         self._next_t = wtime() + 60 * self.every_minutes
         self.timeline.add("checkpoint", t0, wtime(), step=step)
 
-    def save_epoch(self, epoch: int, step: int, val: dict[str, Any], t0: float) -> str | None:
+    def save_epoch(
+        self, epoch: int, step: int, val: dict[str, Any], t0: float, entry: dict[str, Any]
+    ) -> str | None:
         """Collective, with the values to keep in ``model.params``: the checkpoint of finished
-        ``epoch`` (with its validation ``val``) when ``output.snapshot_freq`` says so; its
-        path, else None. ``t0``: when the epoch's close began writing (the span's start)."""
+        ``epoch`` (with its validation ``val`` and its record ``entry``, JSON-safe) when
+        ``output.snapshot_freq`` says so; its path, else None. ``t0``: when the epoch's close
+        began writing (the span's start)."""
         if not self.snap.due(epoch + 1, self.n_epochs):
             return None
         with self.workers.waiting("the epoch checkpoint"):
@@ -108,7 +111,7 @@ class Checkpoints:
                 self.workers, self.model.params, epoch=epoch, step=step, last_ckpt=self.last
             )
             with self.rule.whole_state(self.model):
-                saved = str(self.snap.save(epoch + 1, step, {"val": val}))
+                saved = str(self.snap.save(epoch + 1, step, {"val": val, "record": entry}))
         self.timeline.add("checkpoint", t0, wtime(), epoch=epoch)
         self.last = saved
         return saved

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from theanompi.data._fault import fault_point
+from theanompi.io.record import json_safe
 from theanompi.io.recorder import Recorder
 from theanompi.models.metrics import validate
 from theanompi.models.params import holding
@@ -57,7 +60,11 @@ class EpochEnd:
     def conclude(self, epoch: int, step: int, ep: StepStats, t_start: float) -> dict[str, Any]:
         """Validate (and checkpoint) the rule's values of finished ``epoch`` (its steps'
         numbers ``ep``, begun at ``wtime()`` ``t_start``); record and log it. Returns the
-        validation's numbers (``val_top1_err``, ``val_top5_err``, ``val_loss``, ``val_n``)."""
+        validation's numbers (``val_top1_err``, ``val_top5_err``, ``val_loss``, ``val_n``).
+
+        The checkpoint carries the epoch's record entry: a run killed after the save and
+        before the record's line resumes after this epoch, and the resume writes the line
+        back from the checkpoint (:meth:`~theanompi.io.recorder.Recorder.open`)."""
         model, rule, w = self.model, self.rule, self.workers
         with w.waiting("the epoch-end merge"):
             tr_loss, tr_err = self.progress.reduce_mean([ep.mean("loss"), ep.mean("err")])
@@ -72,20 +79,26 @@ class EpochEnd:
                 v = validate(model, self.val, w.comm)
             t2 = wtime()
             self.timeline.add("validate", t1, t2, epoch=epoch)
-            saved = self.ckpts.save_epoch(epoch, step, v, t2)
-        secs, ips = wtime() - t_start, self.progress.images_per_s(ep)
-        self.recorder.add_epoch(
-            epoch=epoch,
-            step=step,
-            train_loss=tr_loss,
-            train_error=tr_err,
-            lr=float(model.lr.get_value()),
-            images_per_s=ips,
-            seconds=secs,
-            checkpoint=saved,
-            **ep.split(),
-            **v,
-        )
+            entry = json_safe(  # the line, but for the checkpoint's time in it
+                dict(
+                    epoch=epoch,
+                    step=step,
+                    train_loss=tr_loss,
+                    train_error=tr_err,
+                    lr=float(model.lr.get_value()),
+                    images_per_s=self.progress.images_per_s(ep),
+                    seconds=t2 - t_start,
+                    time=round(time.time(), 3),
+                    **ep.split(),
+                    **v,
+                )
+            )
+            saved = self.ckpts.save_epoch(epoch, step, v, t2, entry)
+        if saved:
+            fault_point("checkpointed", w.comm.Get_rank(), step)
+        secs, ips = wtime() - t_start, entry["images_per_s"]
+        entry.pop("time")  # the record's line has its own
+        self.recorder.add_epoch(**(entry | {"seconds": secs, "checkpoint": saved}))
         self.log(
             f"epoch {epoch + 1}/{self.n_epochs} done in {secs:.1f} s: train loss "
             f"{tr_loss:.4f} err {tr_err * 100:.2f}% | val loss {v['val_loss']:.4f} top-1 err "

@@ -351,6 +351,7 @@ def _fit(
         resumed=plan.resume,
         shrunk=resume is not None,
         resumed_step=start.step,
+        epoch_entry=start.epoch_entry,
         start=dict(
             rule=rule.name,
             world_size=rule.world_size,

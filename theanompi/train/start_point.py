@@ -25,6 +25,8 @@ class StartPoint:
     #: the sub-batches of ``epoch`` trained (by all ranks) at a mid-epoch checkpoint that says
     #: so; None: ``step_in_epoch`` whole steps of this world
     dealt: int | None = None
+    #: the record entry of the epoch an epoch checkpoint closed (``None``: none carried)
+    epoch_entry: dict[str, Any] | None = None
 
 
 def _resumed(snap: Any, k: int, n_epochs: int, log: Callable[[str], None]) -> StartPoint:
@@ -32,13 +34,14 @@ def _resumed(snap: Any, k: int, n_epochs: int, log: Callable[[str], None]) -> St
     optimiser steps of the ``accumulate_steps`` it was written with: a different ``k`` would
     restart the loader elsewhere, so it is refused."""
     ck = snap.restore()
-    dealt = ck.meta.get("dealt")
+    dealt, entry = ck.meta.get("dealt"), ck.meta.get("record")
     start = StartPoint(
         ck.epoch,
         ck.step,
         str(ck.path),
         int(ck.meta.get("step_in_epoch", 0)),
         None if dealt is None else int(dealt),
+        None if entry is None else entry | {"checkpoint": str(ck.path)},
     )
     written = ck.meta.get("config", {}).get("training", {}).get("accumulate_steps", 1)
     if start.step_in_epoch and int(written) != k:
