@@ -1,8 +1,8 @@
 """Fault injection for tests: ``THEANOMPI_FAIL=<where>:<rank>:<step>`` makes that rank fail.
 
-``where`` is ``step`` (the training loop, main thread), ``loader`` (the
-prefetch thread, while producing that step's batch) or ``checkpointed`` (the close of the
-epoch that ends at that step, between its checkpoint and its record line): the rank raises. Used by the failure
+``where`` is ``step`` (the training loop, main thread), ``loader`` (the prefetch thread,
+while producing that step's batch) or ``checkpointed`` (the close of the epoch that ends at
+that step, between its checkpoint and its record line): the rank raises. Used by the failure
 tests to check that one raising rank stops the whole job with one line. ``kill`` (at the
 ``step`` point) makes the rank SIGKILL itself there: a real signal at a known step, where a
 kill from outside, timed by the job's output, can land steps late while mpirun's relay lags.
