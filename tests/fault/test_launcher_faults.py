@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402
+    Exit,
     Job,
     checkpoint_files,
     mpirun_argv,
@@ -45,6 +46,14 @@ def _assert_gone(job: Job) -> float:
     left, secs = job.wait_gone(GONE_S)
     assert not left, f"left behind {secs:.1f} s after the fault: {job.describe(left)}"
     return secs
+
+
+def _run_to_its_end(argv: list[str], fail: str) -> Exit:
+    """The job with ``THEANOMPI_FAIL=fail``, waited for to its end, no process of it left."""
+    with Job(argv, env={"THEANOMPI_FAIL": fail}) as job:
+        end = job.wait(timeout=300)
+        _assert_gone(job)
+    return end
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
@@ -163,10 +172,7 @@ def test_max_restarts_resumes_after_a_killed_rank(data: Path, tmp_path: Path) ->
 def test_max_restarts_gives_up_after_k(data: Path, tmp_path: Path) -> None:
     """A rank that fails at every start is restarted K times, then the job exits 1."""
     run = tmp_path / "run"
-    argv = _train(data, run, "--max-restarts", "2", epochs=3)
-    with Job(argv, env={"THEANOMPI_FAIL": "step:1:3"}) as job:
-        end = job.wait(timeout=300)
-        _assert_gone(job)
+    end = _run_to_its_end(_train(data, run, "--max-restarts", "2", epochs=3), "step:1:3")
     assert end.returncode == 1, end.stderr[-3000:]
     assert end.stderr.count("tmpi: restart ") == 2
     assert "giving up after 2 restart(s)" in end.stderr
@@ -179,10 +185,7 @@ def test_a_run_killed_between_a_checkpoint_and_its_record_line_loses_no_line(
     record's line of epoch 2: the restart resumes after epoch 2, and the line comes back from
     the checkpoint (the elastic test lost it this way once in a suite run)."""
     run = tmp_path / "run"
-    argv = _train(data, run, "--max-restarts", "1", epochs=4)
-    with Job(argv, env={"THEANOMPI_FAIL": "checkpointed:0:20"}) as job:
-        end = job.wait(timeout=300)
-        _assert_gone(job)
+    end = _run_to_its_end(_train(data, run, "--max-restarts", "1", epochs=4), "checkpointed:0:20")
     assert end.returncode == 0, end.stderr[-3000:]
     assert "resumed from" in end.stdout and "epoch_0002.npz" in end.stdout, end.stdout
     rec = read_record(run)

@@ -79,7 +79,7 @@ class EpochEnd:
                 v = validate(model, self.val, w.comm)
             t2 = wtime()
             self.timeline.add("validate", t1, t2, epoch=epoch)
-            entry = json_safe(  # the line, but for the checkpoint's time in it
+            entry = json_safe(
                 dict(
                     epoch=epoch,
                     step=step,
@@ -88,16 +88,15 @@ class EpochEnd:
                     lr=float(model.lr.get_value()),
                     images_per_s=self.progress.images_per_s(ep),
                     seconds=t2 - t_start,
-                    time=round(time.time(), 3),
                     **ep.split(),
                     **v,
                 )
             )
-            saved = self.ckpts.save_epoch(epoch, step, v, t2, entry)
+            carried = entry | {"time": round(time.time(), 3)}  # the line a resume writes back
+            saved = self.ckpts.save_epoch(epoch, step, v, t2, carried)
         if saved:
             fault_point("checkpointed", w.comm.Get_rank(), step)
         secs, ips = wtime() - t_start, entry["images_per_s"]
-        entry.pop("time")  # the record's line has its own
         self.recorder.add_epoch(**(entry | {"seconds": secs, "checkpoint": saved}))
         self.log(
             f"epoch {epoch + 1}/{self.n_epochs} done in {secs:.1f} s: train loss "
